@@ -1,0 +1,55 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tvm_b2b.cli import main
+
+SPEC = "n=1,h=9,w=9,c=8,k1=16,k2=16,stride=1,act1=relu,act2=relu,residual=0,dtype=float16"
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "op" in capsys.readouterr().out
+
+
+def test_op_check_passes_and_times(capsys):
+    assert main(["op", "--spec", SPEC, "--target", "llvm", "--check", "--bench"]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "max abs error" in out
+    assert " us " in out and "unfused" in out
+
+
+def test_op_emits_source(tmp_path):
+    path = tmp_path / "k.ll"
+    assert main(["op", "--spec", SPEC, "--target", "llvm", "--emit-source", str(path)]) == 0
+    assert "fused_conv3x3_conv1x1" in path.read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--spec", SPEC.replace("stride=1", "stride=3")], "stride:"),
+     (["--spec", SPEC, "--target", "vulkan-ish"], "target:"),
+     (["--spec", "n=1,h=2"], "w: missing")],
+)
+def test_op_bad_input_is_one_line(capsys, args, message):
+    assert main(["op", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def installed_command() -> list[str]:
+    """The tvm-b2b console script beside this Python (as pip installs it), else `python -m tvm_b2b`."""
+    script = Path(sys.executable).parent / "tvm-b2b"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tvm_b2b"]
+
+
+def test_command_line_runs_and_fails_cleanly():
+    ok = subprocess.run([*installed_command(), "op", "--spec", SPEC, "--check"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "OK" in ok.stdout
+    bad = subprocess.run([*installed_command(), "op", "--spec", SPEC + ",k9=1"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["tvm-b2b op: error: k9: not a spec field (expected one of n, h, w, c, k1, k2, stride, act1, act2, residual, dtype)"]

@@ -1,0 +1,127 @@
+"""build(spec, target) -> FusedKernel: the fused op compiled for one target, callable on numpy."""
+from __future__ import annotations
+
+import numpy as np
+
+from .op.reference import np_dtype
+from .op.spec import FusedConvSpec
+from .target import parse_target
+
+
+class FusedKernel:
+    """A compiled fused op. Call it with numpy arrays (x, w1, s1, b1, w2, s2, b2[, residual]);
+    it returns y (n, ho, wo, k2) as numpy."""
+
+    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str]):
+        self.spec = spec
+        self.target = target
+        self.executable = executable
+        self.func_names = func_names  # one (fused) or two (unfused stages) kernels, run in order
+
+    # -- calling -------------------------------------------------------------------------------
+    def __call__(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:
+        arrays = self.check_args(x, w1, s1, b1, w2, s2, b2, residual)
+        dev = self.device
+        stages = self._device_args(arrays, dev)
+        self._run(stages)
+        return stages[-1][-1].numpy().reshape(self.spec.out_shape)
+
+    def check_args(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> dict[str, np.ndarray]:
+        """The arguments by name, or ValueError naming the first one of wrong shape or dtype."""
+        given = dict(x=x, w1=w1, s1=s1, b1=b1, w2=w2, s2=s2, b2=b2)
+        if self.spec.residual:
+            if residual is None:
+                raise ValueError("residual: this spec has residual=1, so a residual array is required")
+            given["residual"] = residual
+        elif residual is not None:
+            raise ValueError("residual: this spec has residual=0, so no residual array is taken")
+        for name, (shape, dtype) in self.spec.arg_shapes().items():
+            value = given[name]
+            if not isinstance(value, np.ndarray):
+                raise ValueError(f"{name}: expected a numpy array of shape {shape} and dtype {dtype}, got {type(value).__name__}")
+            if value.shape != shape:
+                raise ValueError(f"{name}: expected shape {shape}, got {value.shape}")
+            if value.dtype != np_dtype(dtype):
+                raise ValueError(f"{name}: expected dtype {dtype}, got {value.dtype}")
+        return given
+
+    @property
+    def device(self):
+        import tvm
+
+        return tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
+
+    def _device_args(self, arrays: dict[str, np.ndarray], dev) -> list[list]:
+        """Each kernel's arguments, in run order; the output is the last kernel's last argument.
+        The residual and output are passed as their (m, k2) GEMM view."""
+        import tvm
+
+        spec = self.spec
+        flat = {k: (v.reshape(spec.m, spec.k2) if k == "residual" else np.ascontiguousarray(v)) for k, v in arrays.items()}
+        tensors = {k: tvm.runtime.tensor(v, dev) for k, v in flat.items()}
+        out = tvm.runtime.empty((spec.m, spec.k2), spec.dtype, dev)
+        if self.fused:
+            return [[*tensors.values(), out]]
+        mid = tvm.runtime.empty((spec.m, spec.k1), spec.dtype, dev)
+        stage1 = [tensors[k] for k in ("x", "w1", "s1", "b1")] + [mid]
+        stage2 = [mid] + [tensors[k] for k in tensors if k not in ("x", "w1", "s1", "b1")] + [out]
+        return [stage1, stage2]
+
+    def _run(self, stages: list[list]):
+        module = self.executable.jit()
+        for name, stage_args in zip(self.func_names, stages):
+            module[name](*stage_args)
+
+    # -- measuring and inspecting ---------------------------------------------------------------
+    def time_us(self, arrays: dict[str, np.ndarray], number: int = 10, repeat: int = 5) -> float:
+        """Median run time in microseconds of the whole op (all its kernels) on these inputs."""
+        dev = self.device
+        stages = self._device_args(self.check_args(**arrays), dev)
+        module = self.executable.jit()
+        total = 0.0
+        for name, stage_args in zip(self.func_names, stages):
+            evaluator = module.time_evaluator(name, dev, number=number, repeat=repeat, min_repeat_ms=20)
+            total += float(np.median(evaluator(*stage_args).results))
+        return total * 1e6
+
+    def source(self) -> str:
+        """Generated source: CUDA for GPU targets, LLVM IR for CPU ones."""
+        module = self.executable.mod
+        if self.target.kind.name == "cuda":
+            return "\n".join(m.inspect_source() for m in module.imports if m.kind == "cuda")
+        return module.inspect_source("ll")
+
+    @property
+    def fused(self) -> bool:
+        return len(self.func_names) == 1
+
+
+def build(spec: FusedConvSpec, target="llvm", fused: bool = True) -> FusedKernel:
+    """Compile the op for `target` (llvm, cuda, cuda:sm_XX, a target JSON or a Target).
+    fused=False builds the unfused baseline: two kernels, intermediate in global memory."""
+    if not isinstance(spec, FusedConvSpec):
+        raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
+    target = parse_target(target)
+    key = (spec, str(target), fused)
+    if key not in _BUILT:
+        _BUILT[key] = _compile(spec, target, fused)
+    return _BUILT[key]
+
+
+_BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
+
+
+def _compile(spec: FusedConvSpec, target, fused: bool) -> FusedKernel:
+    import tvm
+
+    from .op.compute import fused_prim_func, unfused_prim_funcs
+    from .schedule import schedule_for
+
+    funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
+    mod = tvm.IRModule()
+    for func in funcs:
+        scheduled = schedule_for(spec, func, target)
+        name = func.attrs["global_symbol"]
+        mod[name] = scheduled.with_attr("tirx.is_scheduled", True)
+    executable = tvm.compile(mod, target=target)
+    return FusedKernel(spec, target, executable, [f.attrs["global_symbol"] for f in funcs])

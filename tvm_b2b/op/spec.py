@@ -1,0 +1,126 @@
+"""FusedConvSpec: the shape and options of one fused 3x3 -> 1x1 convolution pair.
+
+y = act2( conv1x1( act1( conv3x3(x, w1, pad 1, stride) * s1 + b1 ), w2 ) * s2 + b2 [+ r] )
+
+Layouts: x NHWC (n, h, w, c); w1 HWIO (3, 3, c, k1); w2 (k1, k2); s1, b1 (k1,) and s2, b2 (k2,)
+float32; r and y NHWC (n, ho, wo, k2). Accumulation is float32; the intermediate is stored in
+`dtype`, as the fused GPU kernel keeps it in shared memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+ACTIVATIONS = ("relu", "relu6", "none")
+DTYPES = ("float16", "bfloat16", "float32")
+STRIDES = (1, 2)
+SIZE_FIELDS = ("n", "h", "w", "c", "k1", "k2")
+
+
+@dataclass(frozen=True)
+class FusedConvSpec:
+    n: int
+    h: int
+    w: int
+    c: int
+    k1: int
+    k2: int
+    stride: int = 1
+    act1: str = "relu"
+    act2: str = "relu"
+    residual: bool = False
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        for name in SIZE_FIELDS + ("stride",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.stride not in STRIDES:
+            raise ValueError(f"stride: expected one of {STRIDES}, got {self.stride!r}")
+        for name in ("act1", "act2"):
+            if getattr(self, name) not in ACTIVATIONS:
+                raise ValueError(f"{name}: expected one of {ACTIVATIONS}, got {getattr(self, name)!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.residual, bool):
+            raise ValueError(f"residual: expected a bool, got {self.residual!r}")
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def ho(self) -> int:
+        return (self.h - 1) // self.stride + 1
+
+    @property
+    def wo(self) -> int:
+        return (self.w - 1) // self.stride + 1
+
+    @property
+    def m(self) -> int:
+        """Rows of both implicit GEMMs: one per output pixel."""
+        return self.n * self.ho * self.wo
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds of both convolutions, counted as 2 FLOPs each (epilogues not counted)."""
+        return 2 * self.m * (9 * self.c * self.k1 + self.k1 * self.k2)
+
+    def arg_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Name -> (shape, dtype) of every input, in call order (residual last, when present)."""
+        shapes = {
+            "x": ((self.n, self.h, self.w, self.c), self.dtype),
+            "w1": ((3, 3, self.c, self.k1), self.dtype),
+            "s1": ((self.k1,), "float32"),
+            "b1": ((self.k1,), "float32"),
+            "w2": ((self.k1, self.k2), self.dtype),
+            "s2": ((self.k2,), "float32"),
+            "b2": ((self.k2,), "float32"),
+        }
+        if self.residual:
+            shapes["residual"] = (self.out_shape, self.dtype)
+        return shapes
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.ho, self.wo, self.k2)
+
+    # -- text form, as the CLI takes it ----------------------------------------------------------
+    def to_string(self) -> str:
+        parts = []
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            parts.append(f"{field.name}={int(value) if isinstance(value, bool) else value}")
+        return ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> "FusedConvSpec":
+        """Parse 'n=1,h=56,w=56,c=64,k1=64,k2=64,stride=1,act1=relu,...' (fields not given keep
+        their defaults; sizes are required)."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, raw = item.partition("=")
+            key, raw = key.strip(), raw.strip()
+            if not sep or key not in known:
+                raise ValueError(f"{key or item}: not a spec field (expected one of {', '.join(known)})")
+            values[key] = _parse_value(key, raw)
+        missing = [name for name in SIZE_FIELDS if name not in values]
+        if missing:
+            raise ValueError(f"{missing[0]}: missing from the spec")
+        return cls(**values)
+
+
+def _parse_value(key: str, raw: str) -> object:
+    if key == "residual":
+        lowered = raw.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"residual: expected 0 or 1, got {raw!r}")
+    if key in SIZE_FIELDS or key == "stride":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{key}: expected an integer, got {raw!r}") from None
+    return raw

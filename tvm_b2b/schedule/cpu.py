@@ -1,0 +1,99 @@
+"""CPU (llvm) schedule of the fused op: one parallel loop over tiles of output pixels; each tile
+computes its 3x3-conv rows for all k1 channels into a small float32 buffer (cache-resident),
+then the 1x1 conv on them, vectorized over output channels.
+
+Also schedules either stage of the unfused baseline, with the same tiling.
+"""
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+
+PIXELS_PER_TILE = 16
+# Register block of the reductions: REG_PIXELS x REG_CHANNELS float32 accumulators stay in
+# vector registers through the reduction (4 x 64 = 16 AVX-512 registers, 32 AVX2 ones).
+REG_PIXELS = 4
+REG_CHANNELS = 64
+
+
+def vector_lanes(extent: int, widest: int = 16) -> int:
+    """The widest power-of-two vector <= `widest` that divides `extent` (1 when it is odd): the
+    vectorized loop then needs no tail predicate."""
+    lanes = widest
+    while lanes > 1 and extent % lanes:
+        lanes //= 2
+    return lanes
+
+
+def _has_block(sch: s_tir.Schedule, name: str) -> bool:
+    try:
+        sch.get_sblock(name)
+        return True
+    except Exception:  # noqa: BLE001 - tvm raises its own error type for a missing block
+        return False
+
+
+def _schedule_reduction(sch, block, tile_loop, vec_extent: int):
+    """compute_at `block` (a GEMM-like reduction over (m, k)) under `tile_loop` and register-block
+    it: for each group of REG_PIXELS pixels x REG_CHANNELS channels, run the whole reduction
+    with the accumulators in vector registers (inner loops unrolled), then move on."""
+    sch.compute_at(block, tile_loop, preserve_unit_loops=True)
+    # the tile loop is the outermost one (see _tile_output): the block's own loops follow it
+    m, k, *reduction = sch.get_loops(block)[1:]
+    lanes = vector_lanes(vec_extent)
+    vectors = max(1, min(REG_CHANNELS // lanes, vec_extent // lanes))
+    while (vec_extent // lanes) % vectors:
+        vectors -= 1
+    k_outer, k_mid, k_inner = sch.split(k, [None, vectors, lanes])
+    m_outer, m_inner = sch.split(m, [None, REG_PIXELS])
+    sch.reorder(k_outer, m_outer, *reduction, m_inner, k_mid, k_inner)
+    # vectorize before decomposing: the update block alone is not a complete block
+    sch.vectorize(k_inner)
+    sch.unroll(k_mid)
+    sch.unroll(m_inner)
+    init = sch.decompose_reduction(block, reduction[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _schedule_elementwise(sch, block, tile_loop, extent: int):
+    sch.compute_at(block, tile_loop, preserve_unit_loops=True)
+    inner = sch.get_loops(block)[-1]
+    _, lanes = sch.split(inner, [None, vector_lanes(extent)])
+    sch.vectorize(lanes)
+
+
+def _tile_output(sch, block_name: str):
+    """Split the output block's m loop into parallel tiles; return (tile loop, output loops)."""
+    block = sch.get_sblock(block_name)
+    m, k = sch.get_loops(block)
+    tile, pixel = sch.split(m, [None, PIXELS_PER_TILE])
+    sch.parallel(tile)
+    return block, tile, k
+
+
+def schedule_cpu(func) -> s_tir.Schedule:
+    """Schedule the fused PrimFunc, or either unfused stage (recognized by its blocks)."""
+    sch = s_tir.Schedule(func)
+    fused = _has_block(sch, "conv1") and _has_block(sch, "conv2")
+    last = "out" if _has_block(sch, "out") else "mid"
+    out, tile, k = _tile_output(sch, last)
+    out_extent = int(sch.get(k).extent)
+    _, lanes = sch.split(k, [None, vector_lanes(out_extent)])
+    sch.vectorize(lanes)
+    if _has_block(sch, "conv2"):
+        k2 = int(sch.get(sch.get_loops(sch.get_sblock("conv2"))[-2]).extent)
+        _schedule_reduction(sch, sch.get_sblock("conv2"), tile, k2)
+    if fused:
+        k1 = int(sch.get(sch.get_loops(sch.get_sblock("mid"))[-1]).extent)
+        _schedule_elementwise(sch, sch.get_sblock("mid"), tile, k1)
+    if _has_block(sch, "conv1"):
+        sch.compute_inline(sch.get_sblock("pad"))
+        k1 = int(sch.get(sch.get_loops(sch.get_sblock("conv1"))[-4]).extent)
+        _schedule_reduction(sch, sch.get_sblock("conv1"), tile, k1)
+    return sch
+
+
+def apply(func, target) -> s_tir.Schedule | None:
+    """dlight-style entry: a schedule for llvm targets, None for any other."""
+    if target.kind.name != "llvm":
+        return None
+    return schedule_cpu(func)

@@ -1,0 +1,53 @@
+"""Targets as users write them: `llvm`, `cuda` (the local GPU), `cuda:sm_XX`, or a TVM target JSON."""
+from __future__ import annotations
+
+import json
+import re
+
+_CUDA_ARCH = re.compile(r"^cuda:(sm_\d+a?)$")
+
+
+def local_cuda_arch() -> str:
+    """sm_XX of GPU 0, or a ValueError when this machine has none."""
+    import tvm
+
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        raise ValueError("target: 'cuda' means the local GPU, and this machine has none (use cuda:sm_XX to cross-build)")
+    return "sm_" + dev.compute_version.replace(".", "")
+
+
+def parse_target(text):
+    """A tvm.target.Target from its command-line spelling (or an existing Target, returned as is)."""
+    import tvm
+
+    if isinstance(text, tvm.target.Target):
+        return text
+    text = str(text).strip()
+    if text == "llvm":
+        return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    if text == "cuda":
+        return cuda_target(local_cuda_arch())
+    match = _CUDA_ARCH.match(text)
+    if match:
+        return cuda_target(match.group(1))
+    if text.startswith("{"):
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"target: not valid JSON ({err.msg})") from None
+        return tvm.target.Target(config)
+    raise ValueError(f"target: expected llvm, cuda, cuda:sm_XX or a target JSON, got {text!r}")
+
+
+def cuda_target(arch: str):
+    import tvm
+
+    return tvm.target.Target({"kind": "cuda", "arch": arch, "host": {"kind": "llvm"}})
+
+
+def cuda_arch_number(target) -> int:
+    """80 for sm_80 (0 for a non-CUDA target)."""
+    if target.kind.name != "cuda":
+        return 0
+    return int(re.sub(r"\D", "", str(target.attrs.get("arch", "sm_0"))) or 0)
