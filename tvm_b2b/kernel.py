@@ -12,11 +12,12 @@ class FusedKernel:
     """A compiled fused op. Call it with numpy arrays (x, w1, s1, b1, w2, s2, b2[, residual]);
     it returns y (n, ho, wo, k2) as numpy."""
 
-    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str]):
+    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str], mid_shape=None):
         self.spec = spec
         self.target = target
         self.executable = executable
         self.func_names = func_names  # one (fused) or two (unfused stages) kernels, run in order
+        self.mid_shape = mid_shape  # the intermediate's global buffer when unfused (may be padded)
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:
@@ -62,7 +63,7 @@ class FusedKernel:
         out = tvm.runtime.empty((spec.m, spec.k2), spec.dtype, dev)
         if self.fused:
             return [[*tensors.values(), out]]
-        mid = tvm.runtime.empty((spec.m, spec.k1), spec.dtype, dev)
+        mid = tvm.runtime.empty(self.mid_shape, spec.dtype, dev)
         stage1 = [tensors[k] for k in ("x", "w1", "s1", "b1")] + [mid]
         stage2 = [mid] + [tensors[k] for k in tensors if k not in ("x", "w1", "s1", "b1")] + [out]
         return [stage1, stage2]
@@ -114,14 +115,10 @@ _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them wi
 def _compile(spec: FusedConvSpec, target, fused: bool) -> FusedKernel:
     import tvm
 
-    from .op.compute import fused_prim_func, unfused_prim_funcs
-    from .schedule import schedule_for
+    from .schedule import scheduled_funcs
 
-    funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
-    mod = tvm.IRModule()
-    for func in funcs:
-        scheduled = schedule_for(spec, func, target)
-        name = func.attrs["global_symbol"]
-        mod[name] = scheduled.with_attr("tirx.is_scheduled", True)
+    funcs, mid_shape = scheduled_funcs(spec, target, fused)
+    names = [str(f.attrs["global_symbol"]) for f in funcs]
+    mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, funcs)})
     executable = tvm.compile(mod, target=target)
-    return FusedKernel(spec, target, executable, [f.attrs["global_symbol"] for f in funcs])
+    return FusedKernel(spec, target, executable, names, mid_shape)

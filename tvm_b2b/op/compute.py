@@ -109,3 +109,101 @@ def unfused_prim_funcs(spec: FusedConvSpec, name: str = "conv"):
     mid_in = te.placeholder((spec.m, spec.k1), spec.dtype, "mid")
     in2, out = stage2_tensors(spec, mid_in)
     return _prim_func(in1 + [mid], f"{name}_stage1"), _prim_func([mid_in] + in2 + [out], f"{name}_stage2")
+
+
+# -- GEMM form with padded extents, for tensor-core schedules ---------------------------------------
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def padded_extents(spec: FusedConvSpec, m_tile: int, k_tile: int = 16, n_tile: int = 16) -> dict[str, int]:
+    """GEMM extents rounded up to whole tiles: rows to the M tile, channels and the reduction to
+    the MMA shape. The padding is zeros, so the padded GEMMs hold the real ones exactly."""
+    return {
+        "m": _round_up(spec.m, m_tile),
+        "r": _round_up(9 * spec.c, k_tile),
+        "k1": _round_up(spec.k1, n_tile),
+        "k2": _round_up(spec.k2, n_tile),
+    }
+
+
+def _guard(cond, value, dtype):
+    return tirx.if_then_else(cond, value, tirx.const(0, dtype))
+
+
+def gemm_stage1_tensors(spec: FusedConvSpec, ext: dict[str, int]):
+    """x -> mid (ext m, ext k1) in GEMM form: im2col (m, r) @ w1 as (r, k1), zero-padded."""
+    dt, s, c = spec.dtype, spec.stride, spec.c
+    x = te.placeholder((spec.n, spec.h, spec.w, c), dt, "x")
+    w1 = te.placeholder((3, 3, c, spec.k1), dt, "w1")
+    s1 = te.placeholder((spec.k1,), "float32", "s1")
+    b1 = te.placeholder((spec.k1,), "float32", "b1")
+
+    def im2col_at(m, r):
+        n, oh, ow = pixel(spec, m)
+        ih, iw = oh * s + r // (3 * c) - 1, ow * s + r // c % 3 - 1
+        inside = tirx.all(m < spec.m, r < 9 * c, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
+        return _guard(inside, x[n, ih, iw, r % c], dt)
+
+    a1 = te.compute((ext["m"], ext["r"]), im2col_at, name="im2col")
+    b1g = te.compute(
+        (ext["r"], ext["k1"]),
+        lambda r, k: _guard(tirx.all(r < 9 * c, k < spec.k1), w1[r // (3 * c), r // c % 3, r % c, k], dt),
+        name="w1_gemm",
+    )
+    rr = te.reduce_axis((0, ext["r"]), "r")
+    conv1 = te.compute(
+        (ext["m"], ext["k1"]),
+        lambda m, k: te.sum(a1[m, rr].astype("float32") * b1g[rr, k].astype("float32"), axis=[rr]),
+        name="conv1",
+    )
+    mid = te.compute(
+        (ext["m"], ext["k1"]),
+        lambda m, k: _guard(k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
+        name="mid",
+    )
+    return [x, w1, s1, b1], mid
+
+
+def gemm_stage2_tensors(spec: FusedConvSpec, ext: dict[str, int], mid):
+    """mid (ext m, ext k1) -> y (m, k2): mid @ w2, zero-padded, epilogue on the real extents."""
+    dt = spec.dtype
+    w2 = te.placeholder((spec.k1, spec.k2), dt, "w2")
+    s2 = te.placeholder((spec.k2,), "float32", "s2")
+    b2 = te.placeholder((spec.k2,), "float32", "b2")
+    b2g = te.compute(
+        (ext["k1"], ext["k2"]),
+        lambda r, k: _guard(tirx.all(r < spec.k1, k < spec.k2), w2[r, k], dt),
+        name="w2_gemm",
+    )
+    rk = te.reduce_axis((0, ext["k1"]), "rk")
+    conv2 = te.compute(
+        (ext["m"], ext["k2"]),
+        lambda m, k: te.sum(mid[m, rk].astype("float32") * b2g[rk, k].astype("float32"), axis=[rk]),
+        name="conv2",
+    )
+    inputs = [w2, s2, b2]
+    if spec.residual:
+        r = te.placeholder((spec.m, spec.k2), dt, "residual")
+        inputs.append(r)
+        body = lambda m, k: conv2[m, k] * s2[k] + b2[k] + r[m, k].astype("float32")  # noqa: E731
+    else:
+        body = lambda m, k: conv2[m, k] * s2[k] + b2[k]  # noqa: E731
+    out = te.compute((spec.m, spec.k2), lambda m, k: activation(body(m, k), spec.act2).astype(dt), name="out")
+    return inputs, out
+
+
+def gemm_fused_prim_func(spec: FusedConvSpec, ext: dict[str, int], name: str = "fused_conv3x3_conv1x1"):
+    """The fused op in padded GEMM form; same signature as fused_prim_func."""
+    in1, mid = gemm_stage1_tensors(spec, ext)
+    in2, out = gemm_stage2_tensors(spec, ext, mid)
+    return _prim_func(in1 + in2 + [out], name)
+
+
+def gemm_unfused_prim_funcs(spec: FusedConvSpec, ext: dict[str, int], name: str = "conv"):
+    """The unfused baseline in padded GEMM form: the intermediate (ext m, ext k1) goes through
+    global memory between the two kernels."""
+    in1, mid = gemm_stage1_tensors(spec, ext)
+    mid_in = te.placeholder((ext["m"], ext["k1"]), spec.dtype, "mid")
+    in2, out = gemm_stage2_tensors(spec, ext, mid_in)
+    return _prim_func(in1 + [mid], f"{name}_stage1"), _prim_func([mid_in] + in2 + [out], f"{name}_stage2")

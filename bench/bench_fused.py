@@ -1,0 +1,143 @@
+"""Benchmark the fused kernel against the same template unfused, torch/cuDNN and a roofline.
+
+Run on the GPU machine:  python3 bench/bench_fused.py [--target cuda] [--quick] [--json FILE]
+Prints a table (us, TFLOP/s, % of roofline) and writes JSON to bench/results/. The roofline uses
+peaks measured in the same run (torch fp16 GEMM and device-to-device copy), and counts the bytes
+an ideal fused kernel must move: x, w1, w2, residual and y once each.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tvm_b2b import FusedConvSpec, build  # noqa: E402
+from tvm_b2b.op import compare, random_inputs, reference  # noqa: E402
+
+
+def cases(quick: bool) -> list[FusedConvSpec]:
+    sweep = [FusedConvSpec(n=n, h=56, w=56, c=64, k1=64, k2=k2) for n in (1, 8, 32, 128) for k2 in (64, 128, 256)]
+    resnet = [
+        FusedConvSpec(n=n, h=hw, w=hw, c=c, k1=c, k2=4 * c, residual=True)
+        for n in (1, 32)
+        for hw, c in ((56, 64), (28, 128), (14, 256), (7, 512))
+    ]
+    all_cases = sweep + resnet
+    return [s for s in all_cases if s.n == 32 and s.h == 56][:2] if quick else all_cases
+
+
+def min_bytes(spec: FusedConvSpec) -> int:
+    e = 2
+    x = spec.n * spec.h * spec.w * spec.c
+    w = 9 * spec.c * spec.k1 + spec.k1 * spec.k2
+    y = spec.m * spec.k2 * (2 if spec.residual else 1)
+    return e * (x + w + y)
+
+
+def measure_peaks():
+    """(fp16 tensor-core FLOP/s, copy bytes/s) measured with torch, or (None, None) without it."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    flops = 2 * 8192**3 / _torch_time(lambda: a @ a)
+    buf = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(buf)
+    bandwidth = 2 * buf.numel() / _torch_time(lambda: dst.copy_(buf))
+    return flops, bandwidth
+
+
+def _torch_time(fn, iters: int = 20) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def torch_unfused_us(spec: FusedConvSpec, inputs) -> float | None:
+    """The same op in torch (cuDNN convolutions, channels_last fp16), captured in a CUDA graph."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+    dev = "cuda"
+    t = lambda a: torch.from_numpy(a).to(dev)  # noqa: E731
+    x = t(inputs["x"]).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    w1 = t(inputs["w1"]).permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
+    w2 = t(inputs["w2"]).t().reshape(spec.k2, spec.k1, 1, 1).contiguous(memory_format=torch.channels_last)
+    s1, b1, s2, b2 = (t(inputs[k]).half().reshape(1, -1, 1, 1) for k in ("s1", "b1", "s2", "b2"))
+    r = t(inputs["residual"]).permute(0, 3, 1, 2) if spec.residual else None
+
+    def run():
+        mid = torch.relu(F.conv2d(x, w1, padding=1, stride=spec.stride) * s1 + b1)
+        out = F.conv2d(mid, w2) * s2 + b2
+        return torch.relu(out + r if r is not None else out)
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return _torch_time(graph.replay) * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="two cases only")
+    parser.add_argument("--json", default=None, help="output file (default bench/results/fused_<date>.json)")
+    args = parser.parse_args()
+
+    peak_flops, peak_bw = measure_peaks()
+    if peak_flops:
+        print(f"peaks measured: {peak_flops / 1e12:.0f} TFLOP/s fp16 GEMM, {peak_bw / 1e9:.0f} GB/s copy")
+    header = f"{'case':44} {'fused us':>9} {'unfused us':>10} {'torch us':>9} {'speedup':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check"
+    print(header)
+    rows = []
+    for spec in cases(args.quick):
+        inputs = random_inputs(spec)
+        fused = build(spec, args.target)
+        unfused = build(spec, args.target, fused=False)
+        err, ok = compare(spec, fused(**inputs), reference(spec, **inputs))
+        fused_us, unfused_us = fused.time_us(inputs), unfused.time_us(inputs)
+        torch_us = torch_unfused_us(spec, inputs)
+        roof_us = max(spec.flops / peak_flops, min_bytes(spec) / peak_bw) * 1e6 if peak_flops else None
+        row = dict(spec=spec.to_string(), fused_us=fused_us, unfused_us=unfused_us, torch_cudnn_us=torch_us,
+                   tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us, max_abs_err=err, correct=ok,
+                   fused_kernels=len(fused.func_names))
+        rows.append(row)
+        name = f"n={spec.n} {spec.h}x{spec.w} {spec.c}->{spec.k1}->{spec.k2}{' +r' if spec.residual else ''}"
+        print(f"{name:44} {fused_us:9.1f} {unfused_us:10.1f} {torch_us or float('nan'):9.1f} "
+              f"{unfused_us / fused_us:6.2f}x {row['tflops']:8.1f} {roof_us or float('nan'):8.1f} "
+              f"{100 * roof_us / fused_us if roof_us else float('nan'):5.1f}%  {'OK' if ok else 'MISMATCH'}", flush=True)
+    result = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), target=str(fused.target),
+                  peak_fp16_tflops=peak_flops and peak_flops / 1e12, peak_copy_gbs=peak_bw and peak_bw / 1e9,
+                  command=" ".join(sys.argv), rows=rows)
+    path = args.json or os.path.join(os.path.dirname(__file__), "results", f"fused_{time.strftime('%Y%m%d_%H%M')}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"written: {path}")
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Helpers to inspect and compile generated CUDA source with the local nvcc (no GPU needed)."""
+import re
+import shutil
+import subprocess
+
+KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+\))? (\w+)\(([^)]*)\)')
+
+
+def kernels(source: str) -> dict[str, str]:
+    """Kernel name -> parameter list, for every __global__ function (declarations count once)."""
+    return {name: params for name, params in KERNEL.findall(source)}
+
+
+def nvcc_arches() -> set[str]:
+    if shutil.which("nvcc") is None:
+        return set()
+    listed = subprocess.run(["nvcc", "--list-gpu-arch"], capture_output=True, text=True).stdout
+    return {a.replace("compute_", "sm_") for a in listed.split()}
+
+
+def nvcc_compile(source: str, arch: str, tmp_path) -> None:
+    """Compile to a cubin; raises with nvcc's message when the source does not compile."""
+    path = tmp_path / f"kernel_{arch}.cu"
+    path.write_text(source)
+    result = subprocess.run(
+        ["nvcc", f"-arch={arch}", "-cubin", "-o", str(tmp_path / f"kernel_{arch}.cubin"), str(path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,51 @@
+"""Build-only tests of the CUDA kernel (no GPU needed): TVM generates the source, nvcc compiles it.
+
+The fused op must be exactly one __global__ kernel using tensor-core MMAs, with no global buffer
+for the intermediate (its parameters are the op's inputs and output only).
+"""
+import pytest
+
+from cuda_source import kernels, nvcc_arches, nvcc_compile
+from tvm_b2b import FusedConvSpec, build
+
+ARCHES = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
+SPECS = [
+    FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16"),
+    FusedConvSpec(n=1, h=13, w=7, c=20, k1=24, k2=40, stride=2, act1="relu6", act2="none", residual=True, dtype="float16"),
+]
+INPUTS = {"x", "w1", "s1", "b1", "w2", "s2", "b2", "out"}
+
+
+@pytest.fixture(scope="module")
+def local_arches():
+    return nvcc_arches()
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("spec", SPECS, ids=["resnet-like", "odd-shapes"])
+def test_fused_cuda_kernel_builds(spec, arch, local_arches, tmp_path):
+    source = build(spec, f"cuda:{arch}").source()
+    found = kernels(source)
+    assert len(found) == 1, f"expected one kernel, got {list(found)}"
+    params = {p.split()[-1].removesuffix("_ptr") for p in next(iter(found.values())).split(",")}
+    assert params == INPUTS | ({"residual"} if spec.residual else set())
+    assert "wmma::mma_sync" in source
+    assert "wmma::load_matrix_sync" in source
+    if arch not in local_arches:
+        pytest.skip(f"the local nvcc cannot compile for {arch} (source checked, not compiled)")
+    nvcc_compile(source, arch, tmp_path)
+
+
+def test_unfused_baseline_is_two_kernels(tmp_path):
+    kernel = build(SPECS[0], "cuda:sm_80", fused=False)
+    found = kernels(kernel.source())
+    assert len(found) == 2
+    assert all("mid" in params for params in found.values())
+    nvcc_compile(kernel.source(), "sm_80", tmp_path)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_unsupported_dtype_is_a_clear_error(dtype):
+    spec = FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=16, dtype=dtype)
+    with pytest.raises(ValueError, match=f"float16 only, got {dtype}"):
+        build(spec, "cuda:sm_90")

@@ -1,0 +1,33 @@
+"""The CUDA kernel on a GPU, fused and unfused, against the numpy reference (marked gpu).
+
+Tolerance as for the CPU kernel (tvm_b2b.op.TOLERANCES): float16 |y - ref| <= 1e-2 + 1e-2 |ref|.
+"""
+import pytest
+
+from tvm_b2b import FusedConvSpec, build
+from tvm_b2b.op import compare, random_inputs, reference
+
+pytestmark = pytest.mark.gpu
+
+F16 = dict(dtype="float16")
+GRID = [
+    FusedConvSpec(n=1, h=56, w=56, c=64, k1=64, k2=64, **F16),
+    FusedConvSpec(n=32, h=56, w=56, c=64, k1=64, k2=128, **F16),
+    FusedConvSpec(n=8, h=56, w=56, c=64, k1=64, k2=256, residual=True, **F16),
+    FusedConvSpec(n=4, h=28, w=28, c=128, k1=128, k2=512, residual=True, **F16),
+    FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, **F16),
+    FusedConvSpec(n=64, h=7, w=7, c=512, k1=512, k2=2048, residual=True, **F16),
+    FusedConvSpec(n=3, h=56, w=56, c=64, k1=128, k2=64, stride=2, **F16),
+    FusedConvSpec(n=1, h=13, w=7, c=20, k1=24, k2=40, stride=2, act1="relu6", act2="none", residual=True, **F16),
+    FusedConvSpec(n=5, h=15, w=15, c=3, k1=33, k2=7, act1="none", act2="relu6", **F16),
+    FusedConvSpec(n=1, h=1, w=1, c=1, k1=1, k2=1, stride=2, **F16),
+]
+
+
+@pytest.mark.parametrize("spec", GRID, ids=lambda s: s.to_string())
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_cuda_kernel_matches_reference(spec, fused):
+    inputs = random_inputs(spec, seed=7)
+    kernel = build(spec, "cuda", fused=fused)
+    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
+    assert ok, f"{spec.to_string()} fused={fused}: max abs error {err}"
