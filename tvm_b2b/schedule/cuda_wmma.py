@@ -138,7 +138,7 @@ class WmmaFusedSchedule:
     def run(self) -> s_tir.Schedule:
         sch, cfg = self.sch, self.cfg
         has1, has2 = self._has("conv1"), self._has("conv2")
-        last = sch.get_sblock("out" if has2 else "mid")
+        last = sch.get_sblock("out_pad" if has2 else "mid")  # tiles cover the padded extents
         m, n = sch.get_loops(last)
         block_x, m_in = sch.split(m, [None, cfg.m_tile])
         sch.bind(block_x, "blockIdx.x")
@@ -158,13 +158,14 @@ class WmmaFusedSchedule:
     def _stage1(self, block_x, fused: bool):
         sch, spec = self.sch, self.spec
         g = self._gemm(sch.get_sblock("conv1"), self.cfg.n1_tile, self.cfg.k_tile)
-        self._to_shared(g.outer, 0, g.k_outer, vector_lanes(spec.c, 8))
-        self._to_shared(g.outer, 1, g.k_outer, vector_lanes(spec.k1, 8))
+        # the epilogue runs per channel chunk, right after that chunk's accumulators are stored
+        mid = sch.get_sblock("mid")
+        sch.reverse_compute_at(mid, g.chunk)
+        self._to_shared(g, 0, vector_lanes(spec.c, 8))
+        self._to_shared(g, 1, vector_lanes(spec.k1, 8))
         sch.compute_inline(sch.get_sblock("im2col"))
         sch.compute_inline(sch.get_sblock("w1_gemm"))
         self._fragments(g)
-        mid = sch.get_sblock("mid")
-        sch.reverse_compute_at(mid, g.chunk)
         if fused:
             sch.set_scope(mid, 0, "shared.dyn")
             sch.storage_align(mid, 0, axis=-2, factor=64, offset=8)
@@ -176,10 +177,12 @@ class WmmaFusedSchedule:
         k_tile = 32 if extents(spec, self.cfg)["k1"] % 32 == 0 else MMA
         g = self._gemm(sch.get_sblock("conv2"), self.cfg.n2_tile, k_tile)
         if not fused:  # mid comes from global memory: stage it like any operand
-            self._to_shared(g.outer, 0, g.k_outer, 8)
-        self._to_shared(g.outer, 1, g.k_outer, vector_lanes(spec.k2, 8))
+            self._to_shared(g, 0, 8)
+        self._to_shared(g, 1, vector_lanes(spec.k2, 8))
         sch.compute_inline(sch.get_sblock("w2_gemm"))
         self._fragments(g)
+        # the epilogue reads the accumulators once and trims the padding as it stores y
+        sch.compute_inline(sch.get_sblock("out_pad"))
         out = sch.get_sblock("out")
         sch.reverse_compute_at(out, g.chunk)
         self._threads(out, vector_lanes(spec.k2, 4))
@@ -202,11 +205,11 @@ class WmmaFusedSchedule:
         sch.bind(warp, "threadIdx.y")
         return _Gemm(outer, block, chunk, warp, k_outer, k_inner)
 
-    def _to_shared(self, block, operand: int, at, lanes: int):
+    def _to_shared(self, g: _Gemm, operand: int, lanes: int):
         """Stage one GEMM operand tile in shared memory, loaded cooperatively and vectorized."""
         sch = self.sch
-        copy = sch.cache_read(block, operand, "shared.dyn")
-        sch.compute_at(copy, at)
+        copy = sch.cache_read(g.outer, operand, "shared.dyn")
+        sch.compute_at(copy, g.k_outer)
         self._threads(copy, lanes)
         # pad each row by 8 elements (16 bytes): fragment loads then hit distinct banks
         sch.storage_align(copy, 0, axis=-2, factor=64, offset=8)
