@@ -4,6 +4,8 @@ The fused op must be exactly one __global__ kernel using tensor-core MMAs, with 
 for the intermediate (its parameters are the op's inputs and output only).
 """
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
@@ -49,3 +51,13 @@ def test_unsupported_dtype_is_a_clear_error(dtype):
     spec = FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=16, dtype=dtype)
     with pytest.raises(ValueError, match=f"float16 only, got {dtype}"):
         build(spec, "cuda:sm_90")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 4), hw=st.integers(1, 20), c=st.integers(1, 80), k1=st.integers(1, 160),
+    k2=st.integers(1, 300), stride=st.sampled_from([1, 2]), residual=st.booleans(),
+)
+def test_random_specs_build_one_kernel(n, hw, c, k1, k2, stride, residual):
+    spec = FusedConvSpec(n=n, h=hw, w=hw + 1, c=c, k1=k1, k2=k2, stride=stride, residual=residual, dtype="float16")
+    assert len(kernels(build(spec, "cuda:sm_80").source())) == 1

@@ -3,9 +3,11 @@
 Tolerance as for the CPU kernel (tvm_b2b.op.TOLERANCES): float16 |y - ref| <= 1e-2 + 1e-2 |ref|.
 """
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tvm_b2b import FusedConvSpec, build
-from tvm_b2b.op import compare, random_inputs, reference
+from tvm_b2b.op import ACTIVATIONS, compare, random_inputs, reference
 
 pytestmark = pytest.mark.gpu
 
@@ -31,3 +33,16 @@ def test_cuda_kernel_matches_reference(spec, fused):
     kernel = build(spec, "cuda", fused=fused)
     err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
     assert ok, f"{spec.to_string()} fused={fused}: max abs error {err}"
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 8), h=st.integers(1, 30), w=st.integers(1, 30), c=st.integers(1, 96), k1=st.integers(1, 200),
+    k2=st.integers(1, 300), stride=st.sampled_from([1, 2]), act1=st.sampled_from(ACTIVATIONS),
+    act2=st.sampled_from(ACTIVATIONS), residual=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_cuda_kernel_random_specs(n, h, w, c, k1, k2, stride, act1, act2, residual, seed):
+    spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=stride, act1=act1, act2=act2, residual=residual, dtype="float16")
+    inputs = random_inputs(spec, seed=seed)
+    err, ok = compare(spec, build(spec, "cuda")(**inputs), reference(spec, **inputs))
+    assert ok, f"{spec.to_string()}: max abs error {err}"

@@ -51,15 +51,15 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def fit_config(spec: FusedConvSpec, cfg: WmmaConfig) -> WmmaConfig:
-    """Shrink the channel tiles for small channel counts. Each warp keeps at least two fragments
-    along n: with one, TVM 0.27 lowers the accumulator's access pointer with the wrong element
-    type ("tvm_access_ptr element type must match the source buffer")."""
+    """Shrink the tiles for small channel counts. Each warp keeps at least two fragments along n
+    and k: with one, TVM 0.27 lowers a fragment's access pointer with the wrong element type
+    ("tvm_access_ptr element type must match the source buffer")."""
     n_unit = MMA * cfg.warps_n * 2
     return dataclasses.replace(
         cfg,
         n1_tile=min(cfg.n1_tile, _round_up(spec.k1, n_unit)),
         n2_tile=min(cfg.n2_tile, _round_up(spec.k2, n_unit)),
-        k_tile=min(cfg.k_tile, _round_up(9 * spec.c, MMA)),
+        k_tile=min(cfg.k_tile, _round_up(9 * spec.c, 2 * MMA)),
     )
 
 
@@ -160,7 +160,7 @@ class WmmaFusedSchedule:
         g = self._gemm(sch.get_sblock("conv1"), self.cfg.n1_tile, self.cfg.k_tile)
         # the epilogue runs per channel chunk, right after that chunk's accumulators are stored
         mid = sch.get_sblock("mid")
-        sch.reverse_compute_at(mid, g.chunk)
+        sch.reverse_compute_at(mid, g.chunk, preserve_unit_loops=True)
         self._to_shared(g, 0, vector_lanes(spec.c, 8))
         self._to_shared(g, 1, vector_lanes(spec.k1, 8))
         sch.compute_inline(sch.get_sblock("im2col"))
@@ -174,7 +174,7 @@ class WmmaFusedSchedule:
 
     def _stage2(self, fused: bool):
         sch, spec = self.sch, self.spec
-        k_tile = 32 if extents(spec, self.cfg)["k1"] % 32 == 0 else MMA
+        k_tile = 2 * MMA  # divides the padded k1 (a multiple of n1_tile >= 2 * MMA * warps_n)
         g = self._gemm(sch.get_sblock("conv2"), self.cfg.n2_tile, k_tile)
         if not fused:  # mid comes from global memory: stage it like any operand
             self._to_shared(g, 0, 8)
@@ -184,7 +184,7 @@ class WmmaFusedSchedule:
         # the epilogue reads the accumulators once and trims the padding as it stores y
         sch.compute_inline(sch.get_sblock("out_pad"))
         out = sch.get_sblock("out")
-        sch.reverse_compute_at(out, g.chunk)
+        sch.reverse_compute_at(out, g.chunk, preserve_unit_loops=True)
         self._threads(out, vector_lanes(spec.k2, 4))
         self._tensorize(g)
 
@@ -209,7 +209,7 @@ class WmmaFusedSchedule:
         """Stage one GEMM operand tile in shared memory, loaded cooperatively and vectorized."""
         sch = self.sch
         copy = sch.cache_read(g.outer, operand, "shared.dyn")
-        sch.compute_at(copy, g.k_outer)
+        sch.compute_at(copy, g.k_outer, preserve_unit_loops=True)
         self._threads(copy, lanes)
         # pad each row by 8 elements (16 bytes): fragment loads then hit distinct banks
         sch.storage_align(copy, 0, axis=-2, factor=64, offset=8)
