@@ -80,20 +80,13 @@ def stage2_tensors(spec: FusedConvSpec, mid=None):
         lambda m, k: te.sum(mid[m, rk].astype("float32") * w2[rk, k].astype("float32"), axis=[rk]),
         name="conv2",
     )
-    # Tiles cover the padded extents (out_pad, no bounds checks); the store to y is the one step
-    # that trims to the real extents, and the residual is read there, inside the bounds.
-    out_pad = te.compute(
-        (ext["m"], ext["k2"]),
-        lambda m, k: _guard(k < spec.k2, conv2[m, k] * s2[k] + b2[k], "float32"),
-        name="out_pad",
-    )
     inputs = [w2, s2, b2]
     if spec.residual:
         r = te.placeholder((spec.m, spec.k2), dt, "residual")
         inputs.append(r)
-        body = lambda m, k: out_pad[m, k] + r[m, k].astype("float32")  # noqa: E731
+        body = lambda m, k: conv2[m, k] * s2[k] + b2[k] + r[m, k].astype("float32")  # noqa: E731
     else:
-        body = lambda m, k: out_pad[m, k]  # noqa: E731
+        body = lambda m, k: conv2[m, k] * s2[k] + b2[k]  # noqa: E731
     out = te.compute((spec.m, spec.k2), lambda m, k: activation(body(m, k), spec.act2).astype(dt), name="out")
     return inputs, out
 
