@@ -112,7 +112,7 @@ def unfused_prim_funcs(spec: FusedConvSpec, name: str = "conv"):
 
 
 # -- GEMM form with padded extents, for tensor-core schedules ---------------------------------------
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
@@ -120,10 +120,10 @@ def padded_extents(spec: FusedConvSpec, m_tile: int, k_tile: int = 16, n_tile: i
     """GEMM extents rounded up to whole tiles: rows to the M tile, channels and the reduction to
     the MMA shape. The padding is zeros, so the padded GEMMs hold the real ones exactly."""
     return {
-        "m": _round_up(spec.m, m_tile),
-        "r": _round_up(9 * spec.c, k_tile),
-        "k1": _round_up(spec.k1, n_tile),
-        "k2": _round_up(spec.k2, n_tile),
+        "m": round_up(spec.m, m_tile),
+        "r": round_up(9 * spec.c, k_tile),
+        "k1": round_up(spec.k1, n_tile),
+        "k2": round_up(spec.k2, n_tile),
     }
 
 

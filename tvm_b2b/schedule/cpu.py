@@ -6,30 +6,15 @@ Also schedules either stage of the unfused baseline, with the same tiling.
 """
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import s_tir
+
+from .common import has_block, vector_lanes
 
 PIXELS_PER_TILE = 16
 # Register block of the reductions: REG_PIXELS x REG_CHANNELS float32 accumulators stay in
 # vector registers through the reduction (4 x 64 = 16 AVX-512 registers, 32 AVX2 ones).
 REG_PIXELS = 4
 REG_CHANNELS = 64
-
-
-def vector_lanes(extent: int, widest: int = 16) -> int:
-    """The widest power-of-two vector <= `widest` that divides `extent` (1 when it is odd): the
-    vectorized loop then needs no tail predicate."""
-    lanes = widest
-    while lanes > 1 and extent % lanes:
-        lanes //= 2
-    return lanes
-
-
-def _has_block(sch: s_tir.Schedule, name: str) -> bool:
-    try:
-        sch.get_sblock(name)
-        return True
-    except Exception:  # noqa: BLE001 - tvm raises its own error type for a missing block
-        return False
 
 
 def _schedule_reduction(sch, block, tile_loop, vec_extent: int):
@@ -73,19 +58,19 @@ def _tile_output(sch, block_name: str):
 def schedule_cpu(func) -> s_tir.Schedule:
     """Schedule the fused PrimFunc, or either unfused stage (recognized by its blocks)."""
     sch = s_tir.Schedule(func)
-    fused = _has_block(sch, "conv1") and _has_block(sch, "conv2")
-    last = "out" if _has_block(sch, "out") else "mid"
+    fused = has_block(sch, "conv1") and has_block(sch, "conv2")
+    last = "out" if has_block(sch, "out") else "mid"
     out, tile, k = _tile_output(sch, last)
     out_extent = int(sch.get(k).extent)
     _, lanes = sch.split(k, [None, vector_lanes(out_extent)])
     sch.vectorize(lanes)
-    if _has_block(sch, "conv2"):
+    if has_block(sch, "conv2"):
         k2 = int(sch.get(sch.get_loops(sch.get_sblock("conv2"))[-2]).extent)
         _schedule_reduction(sch, sch.get_sblock("conv2"), tile, k2)
     if fused:
         k1 = int(sch.get(sch.get_loops(sch.get_sblock("mid"))[-1]).extent)
         _schedule_elementwise(sch, sch.get_sblock("mid"), tile, k1)
-    if _has_block(sch, "conv1"):
+    if has_block(sch, "conv1"):
         sch.compute_inline(sch.get_sblock("pad"))
         k1 = int(sch.get(sch.get_loops(sch.get_sblock("conv1"))[-4]).extent)
         _schedule_reduction(sch, sch.get_sblock("conv1"), tile, k1)

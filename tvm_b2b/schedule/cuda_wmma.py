@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
-from ..op.compute import gemm_fused_prim_func, gemm_unfused_prim_funcs, padded_extents
+from ..op.compute import gemm_fused_prim_func, gemm_unfused_prim_funcs, padded_extents, round_up
 from ..op.spec import FusedConvSpec
-from .cpu import vector_lanes
+from .common import has_block, vector_lanes
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,6 @@ class WmmaConfig:
         return self.warps_m * self.warps_n * WARP
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def fit_config(spec: FusedConvSpec, cfg: WmmaConfig) -> WmmaConfig:
     """Shrink the tiles for small channel counts. Each warp keeps at least two fragments along n
     and k: with one, TVM 0.27 lowers a fragment's access pointer with the wrong element type
@@ -57,15 +53,15 @@ def fit_config(spec: FusedConvSpec, cfg: WmmaConfig) -> WmmaConfig:
     n_unit = MMA * cfg.warps_n * 2
     return dataclasses.replace(
         cfg,
-        n1_tile=min(cfg.n1_tile, _round_up(spec.k1, n_unit)),
-        n2_tile=min(cfg.n2_tile, _round_up(spec.k2, n_unit)),
-        k_tile=min(cfg.k_tile, _round_up(9 * spec.c, 2 * MMA)),
+        n1_tile=min(cfg.n1_tile, round_up(spec.k1, n_unit)),
+        n2_tile=min(cfg.n2_tile, round_up(spec.k2, n_unit)),
+        k_tile=min(cfg.k_tile, round_up(9 * spec.c, 2 * MMA)),
     )
 
 
 def extents(spec: FusedConvSpec, cfg: WmmaConfig) -> dict[str, int]:
     ext = padded_extents(spec, cfg.m_tile, k_tile=cfg.k_tile, n_tile=cfg.n1_tile)
-    ext["k2"] = _round_up(spec.k2, cfg.n2_tile)
+    ext["k2"] = round_up(spec.k2, cfg.n2_tile)
     return ext
 
 
@@ -128,16 +124,9 @@ class WmmaFusedSchedule:
         self.sch = s_tir.Schedule(func)
         self.spec, self.cfg = spec, cfg
 
-    def _has(self, name: str) -> bool:
-        try:
-            self.sch.get_sblock(name)
-            return True
-        except Exception:  # noqa: BLE001 - tvm's error type for a missing block
-            return False
-
     def run(self) -> s_tir.Schedule:
         sch, cfg = self.sch, self.cfg
-        has1, has2 = self._has("conv1"), self._has("conv2")
+        has1, has2 = has_block(sch, "conv1"), has_block(sch, "conv2")
         last = sch.get_sblock("out_pad" if has2 else "mid")  # tiles cover the padded extents
         m, n = sch.get_loops(last)
         block_x, m_in = sch.split(m, [None, cfg.m_tile])
