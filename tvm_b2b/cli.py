@@ -35,7 +35,7 @@ def _op(args) -> int:
     us = kernel.time_us(inputs)
     print(f"time    {us:.1f} us  ({spec.flops / us / 1e6:.3f} TFLOP/s)")
     if args.bench:
-        baseline = build(spec, args.target, fused=kernel.fused is False)
+        baseline = build(spec, args.target, fused=not kernel.fused)
         other = baseline.time_us(inputs)
         print(f"        {other:.1f} us {'fused' if baseline.fused else 'unfused'} (same schedule, "
               f"{'one kernel' if baseline.fused else 'intermediate through memory'})")
