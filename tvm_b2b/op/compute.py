@@ -5,16 +5,14 @@ schedule tiles m, so writing the op in that form keeps each block's iteration sp
 rectangle (an NHWC-indexed epilogue inside an m tile is not). The output and the residual are
 therefore (m, k2) buffers: the same memory as NHWC (n, ho, wo, k2), reshaped for free by the caller.
 
-Block names are the schedules' contract: pad, conv1, mid, conv2, out.
+Block names are the schedules' contract: pad, conv1, mid, conv2, out; the padded GEMM form for
+tensor cores adds im2col, w1_gemm, w2_gemm and out_pad (and has no pad).
 """
 from __future__ import annotations
 
 from tvm import te, tirx
 
 from .spec import FusedConvSpec
-
-BLOCKS = ("pad", "conv1", "mid", "conv2", "out")
-
 
 def activation(value, name: str):
     """act(value) on a float32 expression."""
@@ -33,19 +31,47 @@ def pixel(spec: FusedConvSpec, m):
     return m // (spec.ho * spec.wo), m // spec.wo % spec.ho, m % spec.wo
 
 
-def stage1_tensors(spec: FusedConvSpec, x=None):
-    """x -> mid: the 3x3 conv with s1/b1/act1, as an (m, k1) tensor in `spec.dtype`."""
+def _placeholders(spec: FusedConvSpec, *names: str) -> list:
+    """The op's inputs by name (spec.arg_shapes), the residual as its (m, k2) GEMM view."""
+    shapes = spec.arg_shapes()
+    shapes["residual"] = ((spec.m, spec.k2), spec.dtype)
+    return [te.placeholder(shapes[name][0], shapes[name][1], name) for name in names]
+
+
+def _matmul(a, b, rows: int, cols: int, depth: int, name: str):
+    """a (rows, depth) @ b (depth, cols), accumulated in float32."""
+    r = te.reduce_axis((0, depth), "r")
+    return te.compute(
+        (rows, cols), lambda m, k: te.sum(a[m, r].astype("float32") * b[r, k].astype("float32"), axis=[r]), name=name
+    )
+
+
+def _guard(cond, value, dtype):
+    return tirx.if_then_else(cond, value, tirx.const(0, dtype))
+
+
+def _output(spec: FusedConvSpec, pre):
+    """y (m, k2) = act2(pre(m, k) [+ residual]) in spec.dtype, pre being float32: the one place
+    that reads the residual and trims to the real extents. Returns (its extra inputs, y)."""
+    extra = _placeholders(spec, "residual") if spec.residual else []
+    if extra:
+        body = lambda m, k: pre(m, k) + extra[0][m, k].astype("float32")  # noqa: E731
+    else:
+        body = pre
+    out = te.compute((spec.m, spec.k2), lambda m, k: activation(body(m, k), spec.act2).astype(spec.dtype), name="out")
+    return extra, out
+
+
+def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
+    """x -> mid: the 3x3 conv with s1/b1/act1 in spec.dtype, (m, k1), or in padded GEMM form
+    (ext m, ext k1) when `ext` is given (see padded_extents)."""
+    x, w1, s1, b1 = inputs = _placeholders(spec, "x", "w1", "s1", "b1")
+    if ext is not None:
+        return inputs, _gemm_stage1(spec, ext, x, w1, s1, b1)
     dt, s = spec.dtype, spec.stride
-    if x is None:
-        x = te.placeholder((spec.n, spec.h, spec.w, spec.c), dt, "x")
-    w1 = te.placeholder((3, 3, spec.c, spec.k1), dt, "w1")
-    s1 = te.placeholder((spec.k1,), "float32", "s1")
-    b1 = te.placeholder((spec.k1,), "float32", "b1")
     pad = te.compute(
         (spec.n, spec.h + 2, spec.w + 2, spec.c),
-        lambda n, h, w, c: tirx.if_then_else(
-            tirx.all(h >= 1, h <= spec.h, w >= 1, w <= spec.w), x[n, h - 1, w - 1, c], tirx.const(0, dt)
-        ),
+        lambda n, h, w, c: _guard(tirx.all(h >= 1, h <= spec.h, w >= 1, w <= spec.w), x[n, h - 1, w - 1, c], dt),
         name="pad",
     )
     rh = te.reduce_axis((0, 3), "rh")
@@ -63,51 +89,38 @@ def stage1_tensors(spec: FusedConvSpec, x=None):
         lambda m, k: activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt),
         name="mid",
     )
-    return [x, w1, s1, b1], mid
+    return inputs, mid
 
 
-def stage2_tensors(spec: FusedConvSpec, mid=None):
-    """mid -> y: the 1x1 conv with s2/b2/[+residual]/act2, as an (m, k2) tensor."""
-    dt = spec.dtype
-    if mid is None:
-        mid = te.placeholder((spec.m, spec.k1), dt, "mid")
-    w2 = te.placeholder((spec.k1, spec.k2), dt, "w2")
-    s2 = te.placeholder((spec.k2,), "float32", "s2")
-    b2 = te.placeholder((spec.k2,), "float32", "b2")
-    rk = te.reduce_axis((0, spec.k1), "rk")
-    conv2 = te.compute(
-        (spec.m, spec.k2),
-        lambda m, k: te.sum(mid[m, rk].astype("float32") * w2[rk, k].astype("float32"), axis=[rk]),
-        name="conv2",
-    )
-    inputs = [w2, s2, b2]
-    if spec.residual:
-        r = te.placeholder((spec.m, spec.k2), dt, "residual")
-        inputs.append(r)
-        body = lambda m, k: conv2[m, k] * s2[k] + b2[k] + r[m, k].astype("float32")  # noqa: E731
+def stage2_tensors(spec: FusedConvSpec, mid, ext: dict[str, int] | None = None):
+    """mid -> y (m, k2): the 1x1 conv with s2/b2/[+residual]/act2; padded GEMM form with `ext`."""
+    w2, s2, b2 = inputs = _placeholders(spec, "w2", "s2", "b2")
+    if ext is None:
+        conv2 = _matmul(mid, w2, spec.m, spec.k2, spec.k1, "conv2")
+        extra, out = _output(spec, lambda m, k: conv2[m, k] * s2[k] + b2[k])
     else:
-        body = lambda m, k: conv2[m, k] * s2[k] + b2[k]  # noqa: E731
-    out = te.compute((spec.m, spec.k2), lambda m, k: activation(body(m, k), spec.act2).astype(dt), name="out")
-    return inputs, out
+        extra, out = _gemm_stage2(spec, ext, mid, w2, s2, b2)
+    return inputs + extra, out
 
 
 def _prim_func(tensors, name: str):
     return te.create_prim_func(tensors).with_attr("global_symbol", name)
 
 
-def fused_prim_func(spec: FusedConvSpec, name: str = "fused_conv3x3_conv1x1"):
-    """The whole op as one PrimFunc: (x, w1, s1, b1, w2, s2, b2, [residual], y)."""
-    in1, mid = stage1_tensors(spec)
-    in2, out = stage2_tensors(spec, mid)
+def fused_prim_func(spec: FusedConvSpec, ext: dict[str, int] | None = None, name: str = "fused_conv3x3_conv1x1"):
+    """The whole op as one PrimFunc: (x, w1, s1, b1, w2, s2, b2, [residual], y); in padded GEMM
+    form when `ext` is given."""
+    in1, mid = stage1_tensors(spec, ext)
+    in2, out = stage2_tensors(spec, mid, ext)
     return _prim_func(in1 + in2 + [out], name)
 
 
-def unfused_prim_funcs(spec: FusedConvSpec, name: str = "conv"):
+def unfused_prim_funcs(spec: FusedConvSpec, ext: dict[str, int] | None = None, name: str = "conv"):
     """The same op as two PrimFuncs whose intermediate goes through global memory:
     (x, w1, s1, b1, mid) and (mid, w2, s2, b2, [residual], y). The unfused baseline."""
-    in1, mid = stage1_tensors(spec)
-    mid_in = te.placeholder((spec.m, spec.k1), spec.dtype, "mid")
-    in2, out = stage2_tensors(spec, mid_in)
+    in1, mid = stage1_tensors(spec, ext)
+    mid_in = te.placeholder(mid.shape, spec.dtype, "mid")
+    in2, out = stage2_tensors(spec, mid_in, ext)
     return _prim_func(in1 + [mid], f"{name}_stage1"), _prim_func([mid_in] + in2 + [out], f"{name}_stage2")
 
 
@@ -127,17 +140,9 @@ def padded_extents(spec: FusedConvSpec, m_tile: int, k_tile: int = 16, n_tile: i
     }
 
 
-def _guard(cond, value, dtype):
-    return tirx.if_then_else(cond, value, tirx.const(0, dtype))
-
-
-def gemm_stage1_tensors(spec: FusedConvSpec, ext: dict[str, int]):
-    """x -> mid (ext m, ext k1) in GEMM form: im2col (m, r) @ w1 as (r, k1), zero-padded."""
+def _gemm_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
+    """mid (ext m, ext k1) = act1(im2col(x) (m, r) @ w1 as (r, k1) * s1 + b1), zero-padded."""
     dt, s, c = spec.dtype, spec.stride, spec.c
-    x = te.placeholder((spec.n, spec.h, spec.w, c), dt, "x")
-    w1 = te.placeholder((3, 3, c, spec.k1), dt, "w1")
-    s1 = te.placeholder((spec.k1,), "float32", "s1")
-    b1 = te.placeholder((spec.k1,), "float32", "b1")
 
     def im2col_at(m, r):
         n, oh, ow = pixel(spec, m)
@@ -151,66 +156,26 @@ def gemm_stage1_tensors(spec: FusedConvSpec, ext: dict[str, int]):
         lambda r, k: _guard(tirx.all(r < 9 * c, k < spec.k1), w1[r // (3 * c), r // c % 3, r % c, k], dt),
         name="w1_gemm",
     )
-    rr = te.reduce_axis((0, ext["r"]), "r")
-    conv1 = te.compute(
-        (ext["m"], ext["k1"]),
-        lambda m, k: te.sum(a1[m, rr].astype("float32") * b1g[rr, k].astype("float32"), axis=[rr]),
-        name="conv1",
-    )
-    mid = te.compute(
+    conv1 = _matmul(a1, b1g, ext["m"], ext["k1"], ext["r"], "conv1")
+    return te.compute(
         (ext["m"], ext["k1"]),
         lambda m, k: _guard(k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
         name="mid",
     )
-    return [x, w1, s1, b1], mid
 
 
-def gemm_stage2_tensors(spec: FusedConvSpec, ext: dict[str, int], mid):
-    """mid (ext m, ext k1) -> y (m, k2): mid @ w2, zero-padded."""
-    dt = spec.dtype
-    w2 = te.placeholder((spec.k1, spec.k2), dt, "w2")
-    s2 = te.placeholder((spec.k2,), "float32", "s2")
-    b2 = te.placeholder((spec.k2,), "float32", "b2")
+def _gemm_stage2(spec: FusedConvSpec, ext: dict[str, int], mid, w2, s2, b2):
+    """y from mid (ext m, ext k1) @ w2 zero-padded to (ext k1, ext k2)."""
     b2g = te.compute(
         (ext["k1"], ext["k2"]),
-        lambda r, k: _guard(tirx.all(r < spec.k1, k < spec.k2), w2[r, k], dt),
+        lambda r, k: _guard(tirx.all(r < spec.k1, k < spec.k2), w2[r, k], spec.dtype),
         name="w2_gemm",
     )
-    rk = te.reduce_axis((0, ext["k1"]), "rk")
-    conv2 = te.compute(
-        (ext["m"], ext["k2"]),
-        lambda m, k: te.sum(mid[m, rk].astype("float32") * b2g[rk, k].astype("float32"), axis=[rk]),
-        name="conv2",
-    )
-    # Tiles cover the padded extents (out_pad, no bounds checks); the store to y is the one step
-    # that trims to the real extents, and the residual is read there, inside the bounds.
+    conv2 = _matmul(mid, b2g, ext["m"], ext["k2"], ext["k1"], "conv2")
+    # Tiles cover the padded extents (out_pad, no bounds checks); the store to y trims.
     out_pad = te.compute(
         (ext["m"], ext["k2"]),
         lambda m, k: _guard(k < spec.k2, conv2[m, k] * s2[k] + b2[k], "float32"),
         name="out_pad",
     )
-    inputs = [w2, s2, b2]
-    if spec.residual:
-        r = te.placeholder((spec.m, spec.k2), dt, "residual")
-        inputs.append(r)
-        body = lambda m, k: out_pad[m, k] + r[m, k].astype("float32")  # noqa: E731
-    else:
-        body = lambda m, k: out_pad[m, k]  # noqa: E731
-    out = te.compute((spec.m, spec.k2), lambda m, k: activation(body(m, k), spec.act2).astype(dt), name="out")
-    return inputs, out
-
-
-def gemm_fused_prim_func(spec: FusedConvSpec, ext: dict[str, int], name: str = "fused_conv3x3_conv1x1"):
-    """The fused op in padded GEMM form; same signature as fused_prim_func."""
-    in1, mid = gemm_stage1_tensors(spec, ext)
-    in2, out = gemm_stage2_tensors(spec, ext, mid)
-    return _prim_func(in1 + in2 + [out], name)
-
-
-def gemm_unfused_prim_funcs(spec: FusedConvSpec, ext: dict[str, int], name: str = "conv"):
-    """The unfused baseline in padded GEMM form: the intermediate (ext m, ext k1) goes through
-    global memory between the two kernels."""
-    in1, mid = gemm_stage1_tensors(spec, ext)
-    mid_in = te.placeholder((ext["m"], ext["k1"]), spec.dtype, "mid")
-    in2, out = gemm_stage2_tensors(spec, ext, mid_in)
-    return _prim_func(in1 + [mid], f"{name}_stage1"), _prim_func([mid_in] + in2 + [out], f"{name}_stage2")
+    return _output(spec, lambda m, k: out_pad[m, k])

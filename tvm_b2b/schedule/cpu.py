@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
+from ..op.compute import fused_prim_func, unfused_prim_funcs
 from .common import has_block, vector_lanes
 
 PIXELS_PER_TILE = 16
@@ -82,3 +83,9 @@ def apply(func, target) -> s_tir.Schedule | None:
     if target.kind.name != "llvm":
         return None
     return schedule_cpu(func)
+
+
+def scheduled_funcs(spec, fused: bool):
+    """(the op's PrimFuncs scheduled for the CPU; the intermediate's shape when unfused, else None)."""
+    funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
+    return [schedule_cpu(f).mod["main"] for f in funcs], None if fused else (spec.m, spec.k1)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
-from ..op.compute import gemm_fused_prim_func, gemm_unfused_prim_funcs, padded_extents, round_up
+from ..op.compute import fused_prim_func, padded_extents, round_up, unfused_prim_funcs
 from ..op.spec import FusedConvSpec
+from ..target import cuda_arch_number
 from .common import has_block, vector_lanes
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,6 @@ class _Gemm:
         self.k_outer, self.k_inner = k_outer, k_inner
         self.tensorize_at: list = []
         self.init = None
-        self.acc = None
 
 
 class WmmaFusedSchedule:
@@ -202,7 +202,6 @@ class WmmaFusedSchedule:
         self._threads(copy, lanes)
         # pad each row by 8 elements (16 bytes): fragment loads then hit distinct banks
         sch.storage_align(copy, 0, axis=-2, factor=64, offset=8)
-        return copy
 
     def _threads(self, block, lanes: int):
         """Spread a 2-D copy/epilogue block over all threads, `lanes` elements per access."""
@@ -241,9 +240,21 @@ class WmmaFusedSchedule:
         sch.tensorize(sch.get_loops(g.inner)[-3], self.intrin["sync"])
 
 
-def scheduled_funcs(spec: FusedConvSpec, fused: bool, cfg: WmmaConfig | None = None) -> list:
-    """The op's PrimFunc(s) in padded GEMM form, scheduled for tensor cores."""
+def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | None = None):
+    """(the op's PrimFuncs in padded GEMM form, scheduled for tensor cores; the intermediate's
+    global shape when there are two kernels, else None). Falls back to two kernels, with a
+    logged reason, where the fused kernel's shared memory exceeds the target's."""
+    arch = cuda_arch_number(target)
+    reason = unsupported_reason(spec, arch)
+    if reason:
+        raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = fit_config(spec, cfg or WmmaConfig())
+    need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
+    if fused and need > have:
+        log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "
+                    "tensor-core kernels instead", spec.to_string(), need // 1024, arch, have // 1024)
+        fused = False
     ext = extents(spec, cfg)
-    funcs = [gemm_fused_prim_func(spec, ext)] if fused else list(gemm_unfused_prim_funcs(spec, ext))
-    return [WmmaFusedSchedule(f, spec, cfg).run().mod["main"] for f in funcs]
+    funcs = [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
+    scheduled = [WmmaFusedSchedule(f, spec, cfg).run().mod["main"] for f in funcs]
+    return scheduled, None if fused else (ext["m"], ext["k1"])
