@@ -1,7 +1,8 @@
 """Benchmark the fused kernel against the same template unfused, torch/cuDNN and a roofline.
 
 Run on the GPU machine:  python3 bench/bench_fused.py [--target cuda] [--quick] [--json FILE]
-Prints a table (us, TFLOP/s, % of roofline) and writes JSON to bench/results/. The roofline uses
+                            [--config 'm_tile=128,warps_m=4' ...] [--case SPEC ...]
+Prints a table (us, TFLOP/s, % of roofline) and writes JSON to bench/results/. The unfused baseline uses the default parameters. The roofline uses
 peaks measured in the same run (torch fp16 GEMM and device-to-device copy), and counts the bytes
 an ideal fused kernel must move: x, w1, w2, residual and y once each.
 """
@@ -104,30 +105,38 @@ def main() -> int:
     parser.add_argument("--target", default="cuda")
     parser.add_argument("--quick", action="store_true", help="two cases only")
     parser.add_argument("--json", default=None, help="output file (default bench/results/fused_<date>.json)")
+    parser.add_argument("--config", action="append", default=None,
+                        help="schedule parameters to compare, e.g. 'm_tile=128,warps_m=4' (repeat; 'default' for the defaults)")
+    parser.add_argument("--case", action="append", default=None, help="only this spec (repeatable)")
     args = parser.parse_args()
 
     peak_flops, peak_bw = measure_peaks()
     if peak_flops:
         print(f"peaks measured: {peak_flops / 1e12:.0f} TFLOP/s fp16 GEMM, {peak_bw / 1e9:.0f} GB/s copy")
-    header = f"{'case':44} {'fused us':>9} {'unfused us':>10} {'torch us':>9} {'speedup':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check"
+    configs = [None if c == "default" else c for c in (args.config or ["default"])]
+    header = f"{'case':36} {'config':32} {'fused us':>9} {'unfused us':>10} {'torch us':>9} {'speedup':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check"
     print(header)
     rows = []
-    for spec in cases(args.quick):
+    specs = [FusedConvSpec.parse(c) for c in args.case] if args.case else cases(args.quick)
+    for spec in specs:
         inputs = random_inputs(spec)
-        fused = build(spec, args.target)
-        unfused = build(spec, args.target, fused=False)
-        err, ok = compare(spec, fused(**inputs), reference(spec, **inputs))
-        fused_us, unfused_us = fused.time_us(inputs), unfused.time_us(inputs)
+        want = reference(spec, **inputs)
+        unfused_us = build(spec, args.target, fused=False).time_us(inputs)
         torch_us = torch_unfused_us(spec, inputs)
         roof_us = max(spec.flops / peak_flops, min_bytes(spec) / peak_bw) * 1e6 if peak_flops else None
-        row = dict(spec=spec.to_string(), fused_us=fused_us, unfused_us=unfused_us, torch_cudnn_us=torch_us,
-                   tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us, max_abs_err=err, correct=ok,
-                   fused_kernels=len(fused.func_names))
-        rows.append(row)
         name = f"n={spec.n} {spec.h}x{spec.w} {spec.c}->{spec.k1}->{spec.k2}{' +r' if spec.residual else ''}"
-        print(f"{name:44} {fused_us:9.1f} {unfused_us:10.1f} {torch_us or float('nan'):9.1f} "
-              f"{unfused_us / fused_us:6.2f}x {row['tflops']:8.1f} {roof_us or float('nan'):8.1f} "
-              f"{100 * roof_us / fused_us if roof_us else float('nan'):5.1f}%  {'OK' if ok else 'MISMATCH'}", flush=True)
+        for config in configs:
+            fused = build(spec, args.target, config=config)
+            err, ok = compare(spec, fused(**inputs), want)
+            fused_us = fused.time_us(inputs)
+            row = dict(spec=spec.to_string(), config=config or "default", fused_us=fused_us, unfused_us=unfused_us,
+                       torch_cudnn_us=torch_us, tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us,
+                       max_abs_err=err, correct=ok, fused_kernels=len(fused.func_names))
+            rows.append(row)
+            print(f"{name:36} {(config or 'default')[:32]:32} {fused_us:9.1f} {unfused_us:10.1f} "
+                  f"{torch_us or float('nan'):9.1f} {unfused_us / fused_us:6.2f}x {row['tflops']:8.1f} "
+                  f"{roof_us or float('nan'):8.1f} {100 * roof_us / fused_us if roof_us else float('nan'):5.1f}%  "
+                  f"{'OK' if ok else 'MISMATCH'}", flush=True)
     result = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), target=str(fused.target),
                   peak_fp16_tflops=peak_flops and peak_flops / 1e12, peak_copy_gbs=peak_bw and peak_bw / 1e9,
                   command=" ".join(sys.argv), rows=rows)

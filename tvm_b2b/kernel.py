@@ -97,28 +97,31 @@ class FusedKernel:
         return len(self.func_names) == 1
 
 
-def build(spec: FusedConvSpec, target="llvm", fused: bool = True) -> FusedKernel:
+def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None) -> FusedKernel:
     """Compile the op for `target` (llvm, cuda, cuda:sm_XX, a target JSON or a Target).
-    fused=False builds the unfused baseline: two kernels, intermediate in global memory."""
+    fused=False builds the unfused baseline: two kernels, intermediate in global memory.
+    config: the schedule's parameters (CUDA: a WmmaConfig or its text 'm_tile=128,...');
+    None for the defaults."""
     if not isinstance(spec, FusedConvSpec):
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
     target = parse_target(target)
-    key = (spec, str(target), fused)
+    key = (spec, str(target), fused, str(config))
     if key not in _BUILT:
-        _BUILT[key] = _compile(spec, target, fused)
+        _BUILT[key] = _compile(spec, target, fused, config)
     return _BUILT[key]
 
 
 _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
 
 
-def _compile(spec: FusedConvSpec, target, fused: bool) -> FusedKernel:
+def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     import tvm
 
     from .schedule import scheduled_funcs
 
-    funcs, mid_shape = scheduled_funcs(spec, target, fused)
-    names = [str(f.attrs["global_symbol"]) for f in funcs]
-    mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, funcs)})
-    executable = tvm.compile(mod, target=target)
-    return FusedKernel(spec, target, executable, names, mid_shape)
+    kernels = scheduled_funcs(spec, target, fused, config)
+    names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
+    mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
+    with tvm.transform.PassContext(opt_level=3, config=kernels.pass_config):
+        executable = tvm.compile(mod, target=target)
+    return FusedKernel(spec, target, executable, names, kernels.mid_shape)

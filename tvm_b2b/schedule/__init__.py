@@ -5,19 +5,33 @@ or two (stage 1 then stage 2) for the unfused baseline or a fallback.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..op.spec import FusedConvSpec
 
 
-def scheduled_funcs(spec: FusedConvSpec, target, fused: bool = True) -> tuple[list, tuple | None]:
-    """(scheduled PrimFuncs for `target`, each with its own global symbol, in run order; shape of
-    the intermediate's global buffer when there are two, else None)."""
+@dataclass
+class Kernels:
+    """What a schedule rule hands to the build."""
+
+    funcs: list  # scheduled PrimFuncs, each with its own global symbol, in run order
+    mid_shape: tuple | None = None  # the intermediate's global buffer when there are two
+    pass_config: dict = field(default_factory=dict)  # tvm.compile PassContext options they need
+
+
+def scheduled_funcs(spec: FusedConvSpec, target, fused: bool = True, config=None) -> Kernels:
+    """The op's kernels for `target`; `config` is the rule's parameter set (None: defaults)."""
     kind = target.kind.name
     if kind == "llvm":
         from . import cpu
 
+        if config is not None:
+            raise ValueError("config: the CPU schedule takes no parameters")
         return cpu.scheduled_funcs(spec, fused)
     if kind == "cuda":
         from . import cuda_wmma
 
-        return cuda_wmma.scheduled_funcs(spec, target, fused)
+        if isinstance(config, str):
+            config = cuda_wmma.WmmaConfig.parse(config)
+        return cuda_wmma.scheduled_funcs(spec, target, fused, config)
     raise ValueError(f"target: no schedule for {kind} targets (use llvm or cuda)")

@@ -86,6 +86,8 @@ def apply(func, target) -> s_tir.Schedule | None:
 
 
 def scheduled_funcs(spec, fused: bool):
-    """(the op's PrimFuncs scheduled for the CPU; the intermediate's shape when unfused, else None)."""
+    """The op's kernels scheduled for the CPU (a schedule.Kernels)."""
+    from . import Kernels
+
     funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
-    return [schedule_cpu(f).mod["main"] for f in funcs], None if fused else (spec.m, spec.k1)
+    return Kernels([schedule_cpu(f).mod["main"] for f in funcs], None if fused else (spec.m, spec.k1))
