@@ -61,3 +61,28 @@ def test_unsupported_dtype_is_a_clear_error(dtype):
 def test_random_specs_build_one_kernel(n, hw, c, k1, k2, stride, residual):
     spec = FusedConvSpec(n=n, h=hw, w=hw + 1, c=c, k1=k1, k2=k2, stride=stride, residual=residual, dtype="float16")
     assert len(kernels(build(spec, "cuda:sm_80").source())) == 1
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_pipelined_config_uses_cp_async(arch, local_arches, tmp_path):
+    kernel = build(SPECS[0], f"cuda:{arch}", config="tile_scope=shared,pipeline=1")
+    source = kernel.source()
+    assert len(kernels(source)) == 1
+    assert "cp.async.cg.shared.global" in source and "cp.async.wait_group" in source
+    if arch in local_arches:
+        nvcc_compile(source, arch, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [("m_tile=64,bogus=1", "bogus: not a WmmaConfig field"),
+     ("pipeline=1,tile_scope=shared.dyn", "config: pipeline=1 needs tile_scope=shared")],
+)
+def test_bad_config_is_a_clear_error(config, message):
+    with pytest.raises(ValueError, match=message):
+        build(SPECS[0], "cuda:sm_90", config=config)
+
+
+def test_cpu_takes_no_config():
+    with pytest.raises(ValueError, match="config: the CPU schedule takes no parameters"):
+        build(SPECS[1], "llvm", config="m_tile=64")

@@ -35,6 +35,18 @@ def test_cuda_kernel_matches_reference(spec, fused):
     assert ok, f"{spec.to_string()} fused={fused}: max abs error {err}"
 
 
+CONFIGS = ["tile_scope=shared.dyn,pipeline=0", "tile_scope=shared,pipeline=1", "m_tile=128,warps_m=4,tile_scope=shared,pipeline=1",
+           "m_tile=128,warps_m=2,warps_n=4,n1_tile=128,n2_tile=128,tile_scope=shared,pipeline=1"]
+
+
+@pytest.mark.parametrize("spec", [GRID[1], GRID[4], GRID[7], GRID[8]], ids=lambda s: s.to_string())
+@pytest.mark.parametrize("config", CONFIGS)
+def test_cuda_kernel_configs_match_reference(spec, config):
+    inputs = random_inputs(spec, seed=3)
+    err, ok = compare(spec, build(spec, "cuda", config=config)(**inputs), reference(spec, **inputs))
+    assert ok, f"{spec.to_string()} {config}: max abs error {err}"
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(1, 8), h=st.integers(1, 30), w=st.integers(1, 30), c=st.integers(1, 96), k1=st.integers(1, 200),
