@@ -166,14 +166,18 @@ class WmmaFusedSchedule:
         m, n = sch.get_loops(last)
         block_x, m_in = sch.split(m, [None, cfg.m_tile])
         sch.bind(block_x, "blockIdx.x")
+        n_chunk, n_in = sch.split(n, [None, cfg.n2_tile if has2 else cfg.n1_tile])
+        sch.reorder(block_x, n_chunk, m_in, n_in)
+        if not (has1 and has2):
+            # one stage alone: its channel chunks are independent, so they are blocks too (many
+            # blocks even where few pixels give few row tiles)
+            sch.bind(n_chunk, "blockIdx.y")
         if has2:
-            n_chunk, n_in = sch.split(n, [None, cfg.n2_tile])
-            sch.reorder(block_x, n_chunk, m_in, n_in)
             sch.compute_at(sch.get_sblock("conv2"), n_chunk)
         if has1 and has2:
             sch.compute_at(sch.get_sblock("mid"), block_x)
         if has1:
-            sch.compute_at(sch.get_sblock("conv1"), block_x)
+            sch.compute_at(sch.get_sblock("conv1"), block_x if has2 else n_chunk)
             self._stage1(block_x, fused=has2)
         if has2:
             self._stage2(fused=has1)
