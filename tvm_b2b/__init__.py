@@ -2,5 +2,14 @@
 from .kernel import FusedKernel, build
 from .op.spec import FusedConvSpec
 
-__all__ = ["FusedConvSpec", "FusedKernel", "build"]
+
+def load(path: str):
+    """A model compiled by `tvm-b2b compile` (OUT.so), callable as model(**{input name: array})
+    and returning {output name: array}."""
+    from .frontend.model import load as _load
+
+    return _load(path)
+
+
+__all__ = ["FusedConvSpec", "FusedKernel", "build", "load"]
 __version__ = "0.1.0"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -42,6 +43,61 @@ def _op(args) -> int:
     return status
 
 
+def _report(args) -> int:
+    import json
+
+    from .frontend.model import analyze
+    from .target import parse_target
+
+    _, pairs, _ = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype)
+    if args.json:
+        print(json.dumps({"pairs": [p.to_json() for p in pairs]}, indent=1))
+        return 0
+    print(f"{len(pairs)} 3x3 -> 1x1 pair(s), {sum(p.fused for p in pairs)} fused (target {args.target})")
+    for p in pairs:
+        what = f"fused: {p.spec.to_string()}" if p.fused else f"not fused: {p.reason}"
+        print(f"  {p.conv3x3} -> {p.conv1x1}: {what}")
+    return 0
+
+
+def _compile(args) -> int:
+    from .frontend.model import compile_model
+    from .target import parse_target
+
+    start = time.perf_counter()
+    dtype = None if args.dtype == "float32" else args.dtype
+    pairs = compile_model(args.model, args.output, parse_target(args.target), fuse=not args.no_fuse, dtype=dtype)
+    print(f"compiled {args.model} -> {args.output} (+ .json) in {time.perf_counter() - start:.1f} s: "
+          f"{sum(p.fused for p in pairs)} of {len(pairs)} 3x3 -> 1x1 pair(s) fused")
+    for p in pairs:
+        if not p.fused:
+            print(f"  not fused: {p.conv3x3} -> {p.conv1x1}: {p.reason}")
+    return 0
+
+
+def _run(args) -> int:
+    import numpy as np
+
+    from .frontend.model import load
+
+    model = load(args.library)
+    inputs = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise UserError(f"--input {item}: expected NAME=FILE.npy")
+        inputs[name] = np.load(path)
+    outputs = model(**inputs)
+    for name, value in outputs.items():
+        print(f"{name}: {value.dtype} {value.shape}")
+    if args.output:
+        np.savez(args.output, **outputs)
+        print(f"written: {args.output}")
+    if args.bench:
+        print(f"latency {model.time_us(inputs):.1f} us (median)")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tvm-b2b", description="Back-to-back 3x3 -> 1x1 convolution fusion for TVM."
@@ -57,6 +113,28 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--config", help="schedule parameters (CUDA), e.g. 'm_tile=128,warps_m=4,tile_scope=shared,pipeline=1'")
     op.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     op.set_defaults(handler=_op)
+
+    report = commands.add_parser("report", help="list the 3x3 -> 1x1 pairs of an ONNX model and whether each fuses")
+    report.add_argument("model", help="MODEL.onnx")
+    report.add_argument("--target", default="llvm", help="the target whose kernel decides what fuses (default llvm)")
+    report.add_argument("--json", action="store_true", help='print {"pairs": [...]} as JSON')
+    report.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for compile")
+    report.set_defaults(handler=_report)
+
+    comp = commands.add_parser("compile", help="compile an ONNX model, fusing its pairs, to a deployable library")
+    comp.add_argument("model", help="MODEL.onnx")
+    comp.add_argument("-o", "--output", required=True, help="OUT.so (metadata goes to OUT.so.json)")
+    comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, or a TVM target JSON")
+    comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
+    comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
+    comp.set_defaults(handler=_compile)
+
+    run = commands.add_parser("run", help="run a compiled model on .npy inputs")
+    run.add_argument("library", help="OUT.so from tvm-b2b compile")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input by its ONNX name (repeat)")
+    run.add_argument("--output", metavar="OUT.npz", help="write the outputs under their ONNX names")
+    run.add_argument("--bench", action="store_true", help="print the median latency")
+    run.set_defaults(handler=_run)
     return parser
 
 
@@ -69,8 +147,19 @@ def main(argv=None) -> int:
     try:
         return args.handler(args)
     except (ValueError, UserError, OSError) as err:
-        print(f"tvm-b2b {args.command}: error: {err}", file=sys.stderr)
+        print(f"tvm-b2b {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except Exception as err:  # noqa: BLE001 - TVM's own errors: one line unless asked for more
+        if os.environ.get("TVM_B2B_TRACEBACK"):
+            raise
+        print(f"tvm-b2b {args.command}: error: {type(err).__name__}: {_one_line(err)} "
+              "(set TVM_B2B_TRACEBACK=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 if __name__ == "__main__":

@@ -1,0 +1,186 @@
+"""Small ONNX models covering what the frontend must fuse, or refuse, as torch exports them.
+
+    python onnx_models/make_models.py [OUT_DIR]      (default: onnx_models/)
+
+writes one .onnx per entry of MODELS (generated, not committed: they are rebuilt in seconds).
+Real CNNs: export them with torch (a dev tool only, never a runtime dependency), e.g.
+    import torch, torchvision
+    m = torchvision.models.resnet50().eval()
+    torch.onnx.export(m, torch.randn(1, 3, 224, 224), "resnet50.onnx", opset_version=17)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+class Graph:
+    """A tiny NCHW graph builder: each method adds a node and returns its output name."""
+
+    def __init__(self, name: str, n: int, c: int, h: int, w: int, seed: int = 0):
+        self.name, self.nodes, self.inits = name, [], []
+        self.rng = np.random.default_rng(seed)
+        self.input = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])
+        self.count = 0
+
+    def _const(self, value) -> str:
+        self.count += 1
+        name = f"c{self.count}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def _node(self, op: str, inputs: list[str], **attrs) -> str:
+        self.count += 1
+        out = f"{op.lower()}{self.count}"
+        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, bias: bool = True, groups: int = 1, pad=None) -> str:
+        w = self._const(self.rng.standard_normal((cout, cin // groups, k, k)) * (cin / groups * k * k) ** -0.5)
+        inputs = [x, w] + ([self._const(self.rng.standard_normal(cout) * 0.1)] if bias else [])
+        p = k // 2 if pad is None else pad
+        return self._node("Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], pads=[p] * 4, group=groups)
+
+    def bn(self, x: str, c: int) -> str:
+        r = self.rng
+        args = [r.uniform(0.5, 1.5, c), r.standard_normal(c) * 0.1, r.standard_normal(c) * 0.1, r.uniform(0.5, 1.5, c)]
+        return self._node("BatchNormalization", [x, *map(self._const, args)], epsilon=1e-5)
+
+    def mul_add(self, x: str, c: int) -> str:
+        m = self._node("Mul", [x, self._const(self.rng.uniform(0.5, 1.5, (1, c, 1, 1)))])
+        return self._node("Add", [m, self._const(self.rng.standard_normal((1, c, 1, 1)) * 0.1)])
+
+    def relu(self, x: str) -> str:
+        return self._node("Relu", [x])
+
+    def relu6(self, x: str) -> str:
+        return self._node("Clip", [x, self._const(0.0), self._const(6.0)])
+
+    def add(self, a: str, b: str) -> str:
+        return self._node("Add", [a, b])
+
+    def sigmoid(self, x: str) -> str:
+        return self._node("Sigmoid", [x])
+
+    def model(self, *outputs: str) -> onnx.ModelProto:
+        outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        graph = helper.make_graph(self.nodes, self.name, [self.input], outs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model = onnx.shape_inference.infer_shapes(model)
+        onnx.checker.check_model(model)
+        return model
+
+
+def torch_bottleneck(g: Graph, x: str, c: int, mid: int, stride: int = 1) -> str:
+    """ResNet-style 3x3 -> 1x1 tail as torch exports it: BN folded into conv biases, identity
+    residual when shapes allow."""
+    y = g.relu(g.conv(x, c, mid, 3, stride))
+    y = g.conv(y, mid, c, 1)
+    return g.relu(g.add(y, x) if stride == 1 else y)
+
+
+def bn_kept(g: Graph):  # BatchNormalization nodes left in the graph
+    y = g.relu(g.bn(g.conv("x", 16, 32, 3, bias=False), 32))
+    return g.relu(g.bn(g.conv(y, 32, 24, 1, bias=False), 24))
+
+
+def mul_add(g: Graph):  # scale and bias as Mul/Add by per-channel constants
+    y = g.relu(g.mul_add(g.conv("x", 16, 32, 3, bias=False), 32))
+    return g.mul_add(g.conv(y, 32, 24, 1, bias=False), 24)
+
+
+def residual(g: Graph):  # torch export: bias folded, Relu, Conv, Add, Relu
+    return torch_bottleneck(g, "x", 16, 32)
+
+
+def stride2(g: Graph):
+    return torch_bottleneck(g, "x", 16, 24, stride=2)
+
+
+def relu6(g: Graph):
+    return g.relu6(g.conv(g.relu6(g.conv("x", 16, 32, 3)), 32, 48, 1))
+
+
+def no_act(g: Graph):
+    return g.conv(g.conv("x", 16, 20, 3), 20, 12, 1)
+
+
+def conv3x3_conv3x3(g: Graph):  # negative: the second conv is 3x3
+    return g.relu(g.conv(g.relu(g.conv("x", 16, 32, 3)), 32, 16, 3))
+
+
+def two_consumers(g: Graph):  # negative: the intermediate feeds the 1x1 conv and another branch
+    mid = g.relu(g.conv("x", 16, 16, 3))
+    return g.add(g.conv(mid, 16, 16, 1), mid)
+
+
+def grouped(g: Graph):  # negative: grouped 3x3
+    return g.relu(g.conv(g.relu(g.conv("x", 16, 32, 3, groups=4)), 32, 16, 1))
+
+
+def sigmoid_between(g: Graph):  # negative: an activation the kernel does not have
+    return g.conv(g.sigmoid(g.conv("x", 16, 32, 3)), 32, 16, 1)
+
+
+def mini_resnet(g: Graph):  # three bottleneck tails, one with stride 2, plus a stem and a head
+    x = g.relu(g.conv("x", 16, 32, 1))
+    x = torch_bottleneck(g, x, 32, 32)
+    x = torch_bottleneck(g, x, 32, 48, stride=2)
+    x = torch_bottleneck(g, x, 32, 32)
+    return g.conv(x, 32, 8, 1)
+
+
+def resnet50_body(g: Graph):
+    """ResNet-50's 16 bottlenecks (stem and head left out) as torch exports them, BN folded:
+    1x1 -> 3x3 (stride 2 in each stage's first block) -> 1x1 (+ identity or projection) -> relu."""
+    x, c_in = "x", 64
+    for mid, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for i in range(blocks):
+            stride = 2 if i == 0 and mid != 64 else 1
+            y = g.relu(g.conv(x, c_in, mid, 1))
+            y = g.relu(g.conv(y, mid, mid, 3, stride))
+            y = g.conv(y, mid, 4 * mid, 1)
+            shortcut = x if i else g.conv(x, c_in, 4 * mid, 1, stride, pad=0)
+            x, c_in = g.relu(g.add(y, shortcut)), 4 * mid
+    return x
+
+
+# name -> (builder, input shape (n, c, h, w), pairs expected, pairs fused on CPU)
+MODELS = {
+    "bn_kept": (bn_kept, (2, 16, 13, 11), 1, 1),
+    "mul_add": (mul_add, (1, 16, 12, 12), 1, 1),
+    "residual": (residual, (2, 16, 14, 14), 1, 1),
+    "stride2": (stride2, (1, 16, 15, 15), 1, 1),
+    "relu6": (relu6, (1, 16, 9, 9), 1, 1),
+    "no_act": (no_act, (1, 16, 8, 8), 1, 1),
+    "conv3x3_conv3x3": (conv3x3_conv3x3, (1, 16, 8, 8), 0, 0),
+    "two_consumers": (two_consumers, (1, 16, 8, 8), 1, 0),
+    "grouped": (grouped, (1, 16, 8, 8), 1, 0),
+    "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
+    "mini_resnet": (mini_resnet, (2, 16, 16, 16), 3, 3),
+}
+
+
+# built on demand (bench/bench_model.py), not by main(): ~100 MB of weights
+LARGE = {"resnet50_body": (resnet50_body, (1, 64, 56, 56), 16, 16)}
+
+
+def make(name: str, batch: int | None = None) -> onnx.ModelProto:
+    build, shape, _, _ = {**MODELS, **LARGE}[name]
+    g = Graph(name, *((batch,) + shape[1:] if batch else shape))
+    return g.model(build(g))
+
+
+def main(out_dir: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    for name in MODELS:
+        onnx.save(make(name), os.path.join(out_dir, f"{name}.onnx"))
+    print(f"wrote {len(MODELS)} models to {out_dir}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)))

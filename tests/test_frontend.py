@@ -1,0 +1,146 @@
+"""ONNX models end to end on the CPU: report, compile (fused and --no-fuse), run, against onnxruntime.
+
+Tolerances: float32 models |tvm - onnxruntime| <= 1e-4 + 1e-4 |ref|; with --dtype float16 (the
+fused pairs in float16, fp32 accumulation) 2e-2 + 2e-2 |ref|.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import tvm_b2b
+from tvm_b2b.cli import main
+from tvm_b2b.frontend.model import analyze, compile_model
+from tvm_b2b.target import parse_target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("make_models", os.path.join(ROOT, "onnx_models", "make_models.py"))
+make_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_models)
+MODELS = make_models.MODELS
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("models")
+    make_models.main(str(out))
+    return out
+
+
+def random_input(path):
+    model = onnx.load(path)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+
+
+def check_against_onnxruntime(model_path, lib, atol, rtol):
+    x = random_input(model_path)
+    got = tvm_b2b.load(str(lib))(x=x)
+    want = ort.InferenceSession(str(model_path)).run(None, {"x": x})
+    name = onnx.load(model_path).graph.output[0].name
+    assert list(got) == [name]
+    np.testing.assert_allclose(got[name], want[0], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_report_counts(model_dir, name):
+    _, pairs, _ = analyze(str(model_dir / f"{name}.onnx"), parse_target("llvm"))
+    _, _, expected, fused = MODELS[name]
+    assert len(pairs) == expected
+    assert sum(p.fused for p in pairs) == fused
+    assert all(p.reason for p in pairs if not p.fused)
+
+
+@pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped", "grouped 3x3"),
+                                          ("sigmoid_between", "unsupported op between the convolutions: sigmoid")])
+def test_report_reasons(model_dir, name, reason, capsys):
+    assert main(["report", str(model_dir / f"{name}.onnx"), "--json"]) == 0
+    pairs = json.loads(capsys.readouterr().out)["pairs"]
+    assert len(pairs) == 1 and not pairs[0]["fused"] and reason in pairs[0]["reason"]
+    assert set(pairs[0]) == {"conv3x3", "conv1x1", "fused", "reason"}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "no-fuse"])
+def test_model_matches_onnxruntime(model_dir, tmp_path, name, fuse):
+    lib = tmp_path / f"{name}.so"
+    compile_model(str(model_dir / f"{name}.onnx"), str(lib), parse_target("llvm"), fuse=fuse)
+    check_against_onnxruntime(model_dir / f"{name}.onnx", lib, atol=1e-4, rtol=1e-4)
+
+
+def test_float16_pairs_match_onnxruntime(model_dir, tmp_path):
+    lib = tmp_path / "mini_resnet16.so"
+    pairs = compile_model(str(model_dir / "mini_resnet.onnx"), str(lib), parse_target("llvm"), dtype="float16")
+    assert [p.spec.dtype for p in pairs] == ["float16"] * 3
+    check_against_onnxruntime(model_dir / "mini_resnet.onnx", lib, atol=2e-2, rtol=2e-2)
+
+
+def test_cli_compile_run_writes_named_outputs(model_dir, tmp_path):
+    lib, x, out = tmp_path / "m.so", tmp_path / "x.npy", tmp_path / "out.npz"
+    model = model_dir / "residual.onnx"
+    np.save(x, random_input(model))
+    cli = [sys.executable, "-m", "tvm_b2b"]
+    done = subprocess.run([*cli, "compile", str(model), "-o", str(lib)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "1 of 1" in done.stdout
+    done = subprocess.run([*cli, "run", str(lib), "--input", f"x={x}", "--output", str(out), "--bench"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "latency" in done.stdout
+    want = ort.InferenceSession(str(model)).run(None, {"x": np.load(x)})[0]
+    got = np.load(out)
+    np.testing.assert_allclose(got[onnx.load(model).graph.output[0].name], want, atol=1e-4, rtol=1e-4)
+
+
+def unsupported_op_model(path):
+    node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]), path)
+
+
+@pytest.fixture(scope="module")
+def residual_lib(model_dir, tmp_path_factory):
+    lib = tmp_path_factory.mktemp("lib") / "residual.so"
+    compile_model(str(model_dir / "residual.onnx"), str(lib), parse_target("llvm"))
+    return lib
+
+
+def test_bad_inputs_are_one_line_errors(model_dir, residual_lib, tmp_path, capsys):
+    not_onnx = tmp_path / "junk.onnx"
+    not_onnx.write_text("not a model")
+    unsupported = tmp_path / "fancy.onnx"
+    unsupported_op_model(str(unsupported))
+    x = random_input(model_dir / "residual.onnx")
+    paths = {name: tmp_path / f"{name}.npy" for name in ("good", "shape", "dtype")}
+    np.save(paths["good"], x)
+    np.save(paths["shape"], x[:, :, :-1])
+    np.save(paths["dtype"], x.astype(np.float64))
+    cases = [
+        (["report", str(tmp_path / "missing.onnx")], "missing.onnx: no such file"),
+        (["report", str(not_onnx)], "junk.onnx: not a valid ONNX model"),
+        (["compile", str(unsupported), "-o", str(tmp_path / "f.so")], "cannot import the model"),
+        (["run", str(residual_lib), "--input", f"y={paths['good']}"], "input y: not an input of this model"),
+        (["run", str(residual_lib), "--input", f"x={paths['shape']}"], "input x: expected float32 (2, 16, 14, 14)"),
+        (["run", str(residual_lib), "--input", f"x={paths['dtype']}"], "input x: expected float32"),
+        (["run", str(residual_lib), "--input", f"x={tmp_path / 'nope.npy'}"], "nope.npy"),
+    ]
+    for args, message in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, (args, err)
+
+
+@pytest.mark.gpu
+def test_float16_model_on_gpu_matches_onnxruntime(model_dir, tmp_path):
+    lib = tmp_path / "mini_resnet_cuda.so"
+    pairs = compile_model(str(model_dir / "mini_resnet.onnx"), str(lib), parse_target("cuda"), dtype="float16")
+    assert all(p.fused for p in pairs)
+    check_against_onnxruntime(model_dir / "mini_resnet.onnx", lib, atol=2e-2, rtol=2e-2)

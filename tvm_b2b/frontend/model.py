@@ -1,0 +1,136 @@
+"""Whole models: compile an ONNX file to a deployable TVM library, load it back, run it.
+
+A compiled model is two files: OUT.so (export_library) and OUT.so.json (input and output names,
+shapes and dtypes, the target, the fused pairs), which `load` and `tvm-b2b run` need.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .normalize import ModelError, import_model, load_onnx
+
+
+def onnx_signature(model) -> tuple[list[dict], list[str]]:
+    """(inputs as {name, shape, dtype}, output names) of an ONNX graph (initializers excluded)."""
+    from onnx import helper
+
+    inits = {i.name for i in model.graph.initializer}
+    inputs = []
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        tensor = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if None in shape:
+            raise ModelError(f"input {value.name}: dynamic shape {shape} (give the model static input shapes)")
+        inputs.append({"name": value.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(tensor.elem_type).name})
+    return inputs, [o.name for o in model.graph.output]
+
+
+def conv_names(model) -> list[str]:
+    """Names of the ONNX Conv nodes in graph order (the importer emits conv2d in that order)."""
+    return [node.name or node.output[0] for node in model.graph.node if node.op_type == "Conv"]
+
+
+def analyze(path: str, target, fuse: bool = True, dtype: str | None = None):
+    """(normalized Relax module, pairs, ONNX model) for `path` on `target`; dtype="float16" runs
+    the fused pairs in float16."""
+    from .rewrite import plan
+
+    model = load_onnx(path)
+    mod = import_model(model)
+    pairs = plan(mod, target, conv_names(model), dtype)
+    if not fuse:
+        for pair in pairs:
+            if pair.fused:
+                pair.fused, pair.reason = False, "--no-fuse"
+    return mod, pairs, model
+
+
+def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None) -> list:
+    """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the pairs.
+    dtype="float16": the fused pairs run in float16 with float32 accumulation."""
+    import tvm
+
+    from .rewrite import fuse_pairs
+
+    mod, pairs, model = analyze(path, target, fuse, dtype)
+    mod, _ = fuse_pairs(mod, target, pairs)
+    with tvm.transform.PassContext(opt_level=3, config=_pass_config(pairs)):
+        executable = tvm.compile(mod, target=target)
+    executable.export_library(out)
+    inputs, outputs = onnx_signature(model)
+    meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",
+            "pairs": [p.to_json() for p in pairs]}
+    tmp = out + ".json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(tmp, out + ".json")
+    return pairs
+
+
+def _pass_config(pairs) -> dict:
+    config: dict = {}
+    for pair in pairs:
+        if pair.fused:
+            config.update(pair.kernels.pass_config)
+    return config
+
+
+class CompiledModel:
+    """A loaded model: call it with numpy arrays by input name; returns {output name: array}."""
+
+    def __init__(self, path: str):
+        import tvm
+        from tvm import relax
+
+        meta_path = path + ".json"
+        if not os.path.isfile(path):
+            raise ModelError(f"{path}: no such file")
+        if not os.path.isfile(meta_path):
+            raise ModelError(f"{meta_path}: missing (compile the model with tvm-b2b compile)")
+        with open(meta_path) as f:
+            self.meta = json.load(f)
+        self.device = tvm.cuda(0) if self.meta["device"] == "cuda" else tvm.cpu(0)
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(path), self.device)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i["name"] for i in self.meta["inputs"]]
+
+    def _args(self, inputs: dict[str, np.ndarray]) -> list:
+        import tvm
+
+        unknown = set(inputs) - set(self.input_names)
+        if unknown:
+            raise ValueError(f"input {sorted(unknown)[0]}: not an input of this model (inputs: {', '.join(self.input_names)})")
+        args = []
+        for spec in self.meta["inputs"]:
+            name = spec["name"]
+            if name not in inputs:
+                raise ValueError(f"input {name}: missing")
+            value = np.asarray(inputs[name])
+            if list(value.shape) != spec["shape"] or value.dtype.name != spec["dtype"]:
+                raise ValueError(f"input {name}: expected {spec['dtype']} {tuple(spec['shape'])}, got {value.dtype.name} {value.shape}")
+            args.append(tvm.runtime.tensor(np.ascontiguousarray(value), self.device))
+        return args
+
+    def __call__(self, **inputs) -> dict[str, np.ndarray]:
+        result = self.vm["main"](*self._args(inputs))
+        values = list(result) if not hasattr(result, "numpy") else [result]
+        return {name: v.numpy() for name, v in zip(self.meta["outputs"], values)}
+
+    def time_us(self, inputs: dict[str, np.ndarray], number: int = 10, repeat: int = 5) -> float:
+        """Median latency of one inference, in microseconds."""
+        args = self._args(inputs)
+        self.vm.set_input("main", *args)
+        timer = self.vm.module.time_evaluator("invoke_stateful", self.device, number=number, repeat=repeat)
+        return float(np.median(timer("main").results)) * 1e6
+
+
+def load(path: str) -> CompiledModel:
+    """A compiled model (tvm-b2b compile's OUT.so), callable on numpy inputs by name."""
+    return CompiledModel(path)

@@ -1,0 +1,73 @@
+"""ONNX -> Relax, normalized for pair matching: NHWC convolutions with OHWI constant weights,
+BatchNormalization decomposed into per-channel affine ops on constants, Clip as max/min."""
+from __future__ import annotations
+
+import os
+
+import tvm
+from tvm import relax
+
+
+class ModelError(ValueError):
+    """A model file that cannot be read or imported: one line for the user."""
+
+
+def load_onnx(path: str):
+    """The onnx.ModelProto at `path`, or a ModelError naming the problem."""
+    import onnx
+
+    if not os.path.isfile(path):
+        raise ModelError(f"{path}: no such file")
+    try:
+        model = onnx.load(path)
+        onnx.checker.check_model(model)
+    except Exception as err:  # noqa: BLE001 - onnx raises several types for a bad file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelError(f"{path}: not a valid ONNX model ({first})") from None
+    return model
+
+
+@relax.expr_functor.mutator
+class _MinMaxFromTir(relax.PyExprMutator):
+    """The ONNX importer lowers Clip with tensor bounds to call_tir(maximum|minimum, (x, c));
+    turn those back into relax.maximum / relax.minimum so that layout conversion and matching
+    see plain elementwise ops."""
+
+    OPS = {"maximum": relax.op.maximum, "minimum": relax.op.minimum}
+
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", None) != "relax.call_tir":
+            return call
+        callee, args = call.args[0], call.args[1]
+        name = getattr(callee, "name_hint", "")
+        if name in self.OPS and len(args.fields) == 2:
+            return self.OPS[name](args.fields[0], args.fields[1])
+        return call
+
+
+def _min_max_from_tir(mod):
+    rewriter = _MinMaxFromTir(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            mod[gv] = rewriter.visit_expr(func)
+    return mod
+
+
+def import_model(model) -> tvm.IRModule:
+    """Relax module of an ONNX model, normalized (see module docstring)."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        mod = from_onnx(model, keep_params_in_input=False)
+    except Exception as err:  # noqa: BLE001 - the importer raises many types for unsupported ops
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ModelError(f"cannot import the model: {first}") from None
+    mod = relax.transform.FoldConstant()(mod)
+    mod = _min_max_from_tir(mod)
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    return relax.transform.DeadCodeElimination()(mod)

@@ -1,0 +1,274 @@
+"""Find the 3x3 -> 1x1 convolution pairs of a normalized Relax function (see normalize.py).
+
+A pair is conv3x3 -> [per-channel affine ops] -> [act1] -> conv1x1 -> [per-channel affine ops]
+-> [+ residual] -> [act2], every intermediate used once. The affine ops (bias, BatchNormalization
+decomposed, Mul/Add by constants) fold into the op's scale and bias. A chain that reaches a 1x1
+conv from a 3x3 conv but breaks a condition is reported with the reason, never fused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+
+from ..op.spec import FusedConvSpec
+
+AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
+# elementwise ops a chain may pass through on the way back from a 1x1 conv: reported, not fused
+UNARY = {"relax.nn.relu", "relax.maximum", "relax.minimum", "relax.sigmoid", "relax.tanh", "relax.nn.gelu",
+         "relax.nn.silu", "relax.nn.leakyrelu", "relax.clip", "relax.astype"}
+
+
+@dataclass
+class Pair:
+    """One 3x3 -> 1x1 candidate; `fused` says whether it will be fused, `reason` why not."""
+
+    conv3x3: str
+    conv1x1: str
+    fused: bool = False
+    reason: str = ""
+    spec: FusedConvSpec | None = None
+    x: object = None  # the 3x3 conv's input (Relax expression)
+    residual: object = None  # the residual's Relax expression, when there is one
+    last: object = None  # the Var whose binding the fused op replaces
+    params: dict = field(default_factory=dict)  # w1 HWIO, s1, b1, w2 (k1, k2), s2, b2 as float32
+    kernels: object = None  # the target's schedule.Kernels, once planned
+
+    def to_json(self) -> dict:
+        return {"conv3x3": self.conv3x3, "conv1x1": self.conv1x1, "fused": self.fused, "reason": self.reason}
+
+
+def _op(expr) -> str:
+    return getattr(getattr(expr, "op", None), "name", "") if isinstance(expr, relax.Call) else ""
+
+
+def _const(expr):
+    """numpy value of a constant expression, else None."""
+    value = getattr(expr, "value", None)
+    if value is not None and hasattr(value, "numpy") and not isinstance(expr, (relax.Var, relax.Call)):
+        return value.numpy()
+    return None
+
+
+def _per_channel(value: np.ndarray, channels: int):
+    """A constant broadcast over NHWC's channel axis as a (channels,) vector, else None."""
+    if value is None or value.size not in (1, channels) or (value.ndim and any(d != 1 for d in value.shape[:-1])):
+        return None
+    return np.broadcast_to(value.reshape(-1).astype(np.float32), (channels,)).copy()
+
+
+class _Graph:
+    """Bindings and use counts of the function's dataflow block."""
+
+    def __init__(self, func: relax.Function):
+        self.bindings = [b for block in func.body.blocks for b in block.bindings]
+        self.value = {b.var: b.value for b in self.bindings}
+        self.uses: dict = {}
+        for b in self.bindings:
+            for arg in _args(b.value):
+                if isinstance(arg, relax.Var):
+                    self.uses.setdefault(arg, []).append(b.var)
+        for out in _args(func.body.body) if isinstance(func.body.body, relax.Tuple) else [func.body.body]:
+            if isinstance(out, relax.Var):
+                self.uses.setdefault(out, []).append(None)
+
+    def single_use(self, var) -> bool:
+        return len(self.uses.get(var, [])) == 1
+
+
+def _args(expr):
+    if isinstance(expr, relax.Call):
+        return list(expr.args)
+    if isinstance(expr, relax.Tuple):
+        return list(expr.fields)
+    return []
+
+
+def _weight_shape(call) -> tuple:
+    return tuple(int(d) for d in call.args[1].ty.shape)
+
+
+def _conv_problem(call, kernel: int) -> str | None:
+    """Why this conv2d cannot be the pair's `kernel`x`kernel` conv (None when it can)."""
+    a = call.attrs
+    if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI":
+        return "convolution not in NHWC/OHWI layout"
+    if int(a.groups) != 1:
+        return f"grouped {kernel}x{kernel} conv (groups={int(a.groups)})"
+    if any(int(d) != 1 for d in a.dilation):
+        return f"dilated {kernel}x{kernel} conv"
+    if _const(call.args[1]) is None:
+        return f"{kernel}x{kernel} conv weight is not a constant"
+    pad, strides = [int(p) for p in a.padding], [int(s) for s in a.strides]
+    if kernel == 3:
+        if pad != [1, 1, 1, 1]:
+            return f"3x3 conv padding {pad} (needs 1)"
+        if strides[0] != strides[1] or strides[0] not in (1, 2):
+            return f"3x3 conv stride {strides} (needs 1 or 2)"
+    elif pad != [0, 0, 0, 0] or strides != [1, 1]:
+        return "1x1 conv with padding or stride"
+    return None
+
+
+def _activation(graph: _Graph, var):
+    """(act name, input var) when var is relu/relu6 of its input, else (None, var)."""
+    call = graph.value.get(var)
+    op = _op(call)
+    if op == "relax.nn.relu":
+        return "relu", call.args[0]
+    if op == "relax.clip" and float(call.args[1].value) == 0.0 and float(call.args[2].value) == 6.0:
+        return "relu6", call.args[0]
+    if op == "relax.minimum" and _scalar(call.args[1]) == 6.0:
+        inner = graph.value.get(call.args[0])
+        if _op(inner) == "relax.maximum" and _scalar(inner.args[1]) == 0.0 and graph.single_use(call.args[0]):
+            return "relu6", inner.args[0]
+    if op == "relax.maximum" and _scalar(call.args[1]) == 0.0:
+        return "relu", call.args[0]
+    return None, var
+
+
+def _scalar(expr):
+    value = _const(expr)
+    return float(value) if value is not None and value.size == 1 else None
+
+
+def _affine_step(call, var, channels: int):
+    """(scale, bias) of `call` as a function of its operand `var`, if it is per-channel affine."""
+    op = _op(call)
+    if op not in AFFINE:
+        return None
+    lhs, rhs = call.args
+    if rhs.same_as(var):
+        if op not in ("relax.add", "relax.multiply"):
+            return None
+        lhs, rhs = rhs, lhs
+    if not lhs.same_as(var):
+        return None
+    c = _per_channel(_const(rhs), channels)
+    if c is None:
+        return None
+    one, zero = np.ones(channels, np.float32), np.zeros(channels, np.float32)
+    return {"relax.add": (one, c), "relax.subtract": (one, -c), "relax.multiply": (c, zero), "relax.divide": (1 / c, zero)}[op]
+
+
+def _affine_back(graph: _Graph, var, channels: int):
+    """Walk back from var through single-use affine ops: (scale, bias, source var)."""
+    scale, bias = np.ones(channels, np.float32), np.zeros(channels, np.float32)
+    while True:
+        call = graph.value.get(var)
+        source = next((a for a in _args(call) if isinstance(a, relax.Var)), None)
+        step = _affine_step(call, source, channels) if source is not None else None
+        if step is None or not graph.single_use(source):
+            return scale, bias, var
+        # var = source * s + b, and the part already collected applies after it
+        scale, bias = scale * step[0], bias + scale * step[1]
+        var = source
+
+
+def _affine_forward(graph: _Graph, var, channels: int):
+    """Walk forward from var through single-use affine ops: (scale, bias, last var)."""
+    scale, bias = np.ones(channels, np.float32), np.zeros(channels, np.float32)
+    while graph.single_use(var) and graph.uses[var][0] is not None:
+        user = graph.uses[var][0]
+        step = _affine_step(graph.value[user], var, channels)
+        if step is None:
+            break
+        scale, bias = scale * step[0], bias * step[0] + step[1]
+        var = user
+    return scale, bias, var
+
+
+def _epilogue(graph: _Graph, var, shape):
+    """Residual add and act2 after var: (residual expr or None, act2, last var)."""
+    residual = None
+    user = graph.uses[var][0] if graph.single_use(var) else None
+    if user is not None and _op(graph.value[user]) == "relax.add":
+        other = [a for a in graph.value[user].args if not a.same_as(var)]
+        if len(other) == 1 and _const(other[0]) is None and _shape(other[0]) == shape:
+            residual, var = other[0], user
+    act2 = "none"
+    user = graph.uses[var][0] if graph.single_use(var) else None
+    if user is not None:
+        act, source = _activation(graph, user)
+        if act and source.same_as(var):
+            act2, var = act, user
+        elif _op(graph.value[user]) == "relax.maximum" and _scalar(graph.value[user].args[1]) == 0.0:
+            nxt = graph.uses[user][0] if graph.single_use(user) else None
+            act, source = _activation(graph, nxt) if nxt is not None else (None, None)
+            if act == "relu6" and source.same_as(var):
+                act2, var = "relu6", nxt
+            else:
+                act2, var = "relu", user
+    return residual, act2, var
+
+
+def _shape(expr) -> tuple:
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def find_pairs(func: relax.Function, conv_names: list[str] | None = None) -> list[Pair]:
+    """Every 3x3 -> 1x1 candidate of `func`, with the fused ones' parameters folded.
+    conv_names: a name for each conv2d in binding order (the ONNX Conv nodes, which the importer
+    emits in graph order); default 'conv2d#i'."""
+    graph = _Graph(func)
+    convs = [b.var for b in graph.bindings if _op(b.value) == "relax.nn.conv2d"]
+    names = {var: (conv_names[i] if conv_names and i < len(conv_names) else f"conv2d#{i}") for i, var in enumerate(convs)}
+    pairs = []
+    for var in convs:
+        if _weight_shape(graph.value[var])[1:3] == (1, 1):
+            pair = _match(graph, var, graph.value[var], names)
+            if pair is not None:
+                pairs.append(pair)
+    return pairs
+
+
+def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
+    k2, _, _, k1 = _weight_shape(conv2)
+    src = conv2.args[0]
+    unsupported = None
+    act1, src_act = _activation(graph, src)
+    used_twice = act1 is not None and not graph.single_use(src)
+    src = src_act
+    s1, b1, src = _affine_back(graph, src, k1)
+    # walk on through other elementwise ops to find whether a 3x3 conv feeds this 1x1 at all
+    while _op(graph.value.get(src)) in UNARY | AFFINE and _op(graph.value.get(src)) != "relax.nn.conv2d":
+        call = graph.value[src]
+        unsupported = unsupported or _op(call).removeprefix("relax.").removeprefix("nn.")
+        used_twice = used_twice or not graph.single_use(src)
+        src = next((a for a in call.args if isinstance(a, relax.Var)), None)
+        if src is None:
+            return None
+    conv1 = graph.value.get(src)
+    if _op(conv1) != "relax.nn.conv2d" or _weight_shape(conv1)[1:3] != (3, 3):
+        return None
+    pair = Pair(conv3x3=names[src], conv1x1=names[var2])
+    used_twice = used_twice or not graph.single_use(src) or not graph.single_use(conv2.args[0])
+    reason = _conv_problem(conv1, 3) or _conv_problem(conv2, 1)
+    if reason is None and unsupported:
+        reason = f"unsupported op between the convolutions: {unsupported}"
+    if reason is None and used_twice:
+        reason = "the intermediate has another consumer"
+    dtype = _dtype(conv2)
+    if reason is None and dtype not in ("float32", "float16"):
+        reason = f"dtype {dtype}"
+    if reason:
+        pair.reason = reason
+        return pair
+    s2, b2, last = _affine_forward(graph, var2, k2)
+    residual, act2, last = _epilogue(graph, last, _shape(conv2))
+    n, h, w, c = _shape(conv1.args[0])
+    pair.spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=int(conv1.attrs.strides[0]), act1=act1 or "none",
+                              act2=act2, residual=residual is not None, dtype=dtype)
+    pair.params = dict(
+        w1=_const(conv1.args[1]).astype(np.float32).transpose(1, 2, 3, 0),  # OHWI -> HWIO
+        s1=s1, b1=b1,
+        w2=_const(conv2.args[1]).astype(np.float32).reshape(k2, k1).T.copy(),
+        s2=s2, b2=b2,
+    )
+    pair.x, pair.residual, pair.last, pair.fused = conv1.args[0], residual, last, True
+    return pair
