@@ -58,6 +58,15 @@ def test_report_counts(model_dir, name):
     assert all(p.reason for p in pairs if not p.fused)
 
 
+def test_activations_and_residual_are_folded_into_the_spec(model_dir):
+    specs = {name: analyze(str(model_dir / f"{name}.onnx"), parse_target("llvm"))[1][0].spec
+             for name in ("relu6", "residual", "no_act", "stride2")}
+    assert (specs["relu6"].act1, specs["relu6"].act2) == ("relu6", "relu6")
+    assert specs["residual"].residual and specs["residual"].act2 == "relu"
+    assert (specs["no_act"].act1, specs["no_act"].act2, specs["no_act"].residual) == ("none", "none", False)
+    assert specs["stride2"].stride == 2
+
+
 @pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped", "grouped 3x3"),
                                           ("sigmoid_between", "unsupported op between the convolutions: sigmoid")])
 def test_report_reasons(model_dir, name, reason, capsys):

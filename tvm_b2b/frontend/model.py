@@ -42,11 +42,7 @@ def analyze(path: str, target, fuse: bool = True, dtype: str | None = None):
 
     model = load_onnx(path)
     mod = import_model(model)
-    pairs = plan(mod, target, conv_names(model), dtype)
-    if not fuse:
-        for pair in pairs:
-            if pair.fused:
-                pair.fused, pair.reason = False, "--no-fuse"
+    pairs = plan(mod, target, conv_names(model), dtype, fuse)
     return mod, pairs, model
 
 

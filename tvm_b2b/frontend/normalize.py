@@ -40,7 +40,7 @@ class _MinMaxFromTir(relax.PyExprMutator):
         if getattr(call.op, "name", None) != "relax.call_tir":
             return call
         callee, args = call.args[0], call.args[1]
-        name = getattr(callee, "name_hint", "")
+        name = getattr(callee, "name_hint", "").rstrip("0123456789")  # maximum, maximum1, ...
         if name in self.OPS and len(args.fields) == 2:
             return self.OPS[name](args.fields[0], args.fields[1])
         return call

@@ -169,8 +169,8 @@ def _affine_back(graph: _Graph, var, channels: int):
 def _affine_forward(graph: _Graph, var, channels: int):
     """Walk forward from var through single-use affine ops: (scale, bias, last var)."""
     scale, bias = np.ones(channels, np.float32), np.zeros(channels, np.float32)
-    while graph.single_use(var) and graph.uses[var][0] is not None:
-        user = graph.uses[var][0]
+    while _sole_user(graph, var) is not None:
+        user = _sole_user(graph, var)
         step = _affine_step(graph.value[user], var, channels)
         if step is None:
             break
@@ -179,27 +179,29 @@ def _affine_forward(graph: _Graph, var, channels: int):
     return scale, bias, var
 
 
+def _sole_user(graph: _Graph, var):
+    """The one binding that uses var (None if it has several, or is the function's output)."""
+    return graph.uses[var][0] if graph.single_use(var) else None
+
+
 def _epilogue(graph: _Graph, var, shape):
     """Residual add and act2 after var: (residual expr or None, act2, last var)."""
     residual = None
-    user = graph.uses[var][0] if graph.single_use(var) else None
+    user = _sole_user(graph, var)
     if user is not None and _op(graph.value[user]) == "relax.add":
         other = [a for a in graph.value[user].args if not a.same_as(var)]
         if len(other) == 1 and _const(other[0]) is None and _shape(other[0]) == shape:
             residual, var = other[0], user
     act2 = "none"
-    user = graph.uses[var][0] if graph.single_use(var) else None
-    if user is not None:
+    user = _sole_user(graph, var)
+    after = _sole_user(graph, user) if user is not None else None
+    act, source = _activation(graph, after) if after is not None else (None, None)
+    if act == "relu6" and source.same_as(var):  # min(max(var, 0), 6)
+        act2, var = "relu6", after
+    elif user is not None:
         act, source = _activation(graph, user)
         if act and source.same_as(var):
             act2, var = act, user
-        elif _op(graph.value[user]) == "relax.maximum" and _scalar(graph.value[user].args[1]) == 0.0:
-            nxt = graph.uses[user][0] if graph.single_use(user) else None
-            act, source = _activation(graph, nxt) if nxt is not None else (None, None)
-            if act == "relu6" and source.same_as(var):
-                act2, var = "relu6", nxt
-            else:
-                act2, var = "relu", user
     return residual, act2, var
 
 

@@ -59,12 +59,15 @@ class _PairRewriter(relax.PyExprMutator):
         return relax.op.astype(bb.emit(y), model_dtype) if model_dtype != spec.dtype else y
 
 
-def plan(mod, target, conv_names=None, dtype: str | None = None) -> list[Pair]:
+def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True) -> list[Pair]:
     """The pairs of mod's main function, each checked against the target's schedule: a pair
     the target's kernel cannot take stays unfused with the reason. dtype="float16" runs the
-    fused pairs of a float32 model in float16 (fp32 accumulation), casting at their boundary."""
+    fused pairs of a float32 model in float16 (fp32 accumulation), casting at their boundary.
+    fuse=False: the pairs are listed, none fused (the baseline)."""
     pairs = find_pairs(mod["main"], conv_names)
     for pair in pairs:
+        if pair.fused and not fuse:
+            pair.fused, pair.reason = False, "--no-fuse"
         if not pair.fused:
             continue
         if dtype and dtype != pair.spec.dtype:
