@@ -69,7 +69,8 @@ class Graph:
     def model(self, *outputs: str) -> onnx.ModelProto:
         outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
         graph = helper.make_graph(self.nodes, self.name, [self.input], outs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        # IR version 8 (ONNX 1.10+): older onnxruntime builds reject the newest IR versions
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
         model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
         return model

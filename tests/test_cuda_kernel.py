@@ -35,8 +35,7 @@ def test_cuda_kernel_matches_reference(spec, fused):
     assert ok, f"{spec.to_string()} fused={fused}: max abs error {err}"
 
 
-CONFIGS = ["tile_scope=shared.dyn,pipeline=0", "tile_scope=shared,pipeline=1", "m_tile=128,warps_m=4,tile_scope=shared,pipeline=1",
-           "m_tile=128,warps_m=2,warps_n=4,n1_tile=128,n2_tile=128,tile_scope=shared,pipeline=1"]
+CONFIGS = ["m_tile=128,warps_m=4", "m_tile=128,warps_m=2,warps_n=4,n1_tile=128,n2_tile=128", "k_tile=64"]
 
 
 @pytest.mark.parametrize("spec", [GRID[1], GRID[4], GRID[7], GRID[8]], ids=lambda s: s.to_string())

@@ -122,6 +122,5 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     kernels = scheduled_funcs(spec, target, fused, config)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    with tvm.transform.PassContext(opt_level=3, config=kernels.pass_config):
-        executable = tvm.compile(mod, target=target)
+    executable = tvm.compile(mod, target=target)
     return FusedKernel(spec, target, executable, names, kernels.mid_shape)

@@ -55,8 +55,7 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
 
     mod, pairs, model = analyze(path, target, fuse, dtype)
     mod, _ = fuse_pairs(mod, target, pairs)
-    with tvm.transform.PassContext(opt_level=3, config=_pass_config(pairs)):
-        executable = tvm.compile(mod, target=target)
+    executable = tvm.compile(mod, target=target)
     executable.export_library(out)
     inputs, outputs = onnx_signature(model)
     meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",
@@ -66,14 +65,6 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
         json.dump(meta, f, indent=1)
     os.replace(tmp, out + ".json")
     return pairs
-
-
-def _pass_config(pairs) -> dict:
-    config: dict = {}
-    for pair in pairs:
-        if pair.fused:
-            config.update(pair.kernels.pass_config)
-    return config
 
 
 class CompiledModel:

@@ -5,7 +5,7 @@ or two (stage 1 then stage 2) for the unfused baseline or a fallback.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..op.spec import FusedConvSpec
 
@@ -16,7 +16,6 @@ class Kernels:
 
     funcs: list  # scheduled PrimFuncs, each with its own global symbol, in run order
     mid_shape: tuple | None = None  # the intermediate's global buffer when there are two
-    pass_config: dict = field(default_factory=dict)  # tvm.compile PassContext options they need
 
 
 def scheduled_funcs(spec: FusedConvSpec, target, fused: bool = True, config=None) -> Kernels:

@@ -41,8 +41,6 @@ class WmmaConfig:
     k_tile: int = 32  # reduction depth staged in shared memory per step
     n1_tile: int = 64  # conv1 output channels per accumulator pass
     n2_tile: int = 64  # conv2 output channels per accumulator pass
-    tile_scope: str = "shared.dyn"  # where operand tiles are staged ("shared" or "shared.dyn")
-    pipeline: bool = False  # load the next k step's tiles while the MMAs of this one run
 
     @property
     def threads(self) -> int:
@@ -50,7 +48,7 @@ class WmmaConfig:
 
     @classmethod
     def parse(cls, text: str) -> "WmmaConfig":
-        """'m_tile=128,warps_m=4,pipeline=1' -> WmmaConfig (fields not given keep defaults)."""
+        """'m_tile=128,warps_m=4' -> WmmaConfig (fields not given keep defaults)."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
@@ -86,24 +84,21 @@ def extents(spec: FusedConvSpec, cfg: WmmaConfig) -> dict[str, int]:
     return ext
 
 
-def tile_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
-    """Shared memory of the staged operand tiles (two copies each when pipelined)."""
-    e, copies = DTYPE_BYTES[spec.dtype], 2 if cfg.pipeline else 1
-    stage1 = cfg.m_tile * (cfg.k_tile + 8) + cfg.k_tile * (cfg.n1_tile + 8)
-    stage2 = cfg.k_tile * (cfg.n2_tile + 8)
-    return copies * e * max(stage1, stage2)
+def _aligned_row(row: int, factor: int, offset: int) -> int:
+    """Row stride after storage_align(factor, offset): the smallest >= row that is offset mod factor."""
+    return round_up(row - offset, factor) + offset
 
 
 def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
-    """Shared memory the fused kernel needs (upper bound: TVM may overlap dead buffers):
-    the intermediate, one chunk of fp32 accumulators, the operand tiles."""
+    """Shared memory the fused kernel needs, with the padded row strides the schedule asks for
+    (upper bound: TVM may overlap dead buffers): the intermediate, one chunk of fp32
+    accumulators, the operand tiles."""
     ext, e = extents(spec, cfg), DTYPE_BYTES[spec.dtype]
-    mid = cfg.m_tile * (ext["k1"] + 8) * e
-    acc = cfg.m_tile * max(cfg.n1_tile, cfg.n2_tile) * 4
-    return mid + acc + tile_bytes(spec, cfg)
-
-
-STATIC_SHARED_BYTES = 48 * 1024  # static __shared__ arrays, any arch
+    mid = cfg.m_tile * _aligned_row(ext["k1"], 64, 8) * e
+    acc = cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
+    stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
+    stage2 = cfg.k_tile * _aligned_row(cfg.n2_tile, 64, 8)
+    return mid + acc + e * max(stage1, stage2)
 
 
 def max_shared_bytes(arch: int) -> int:
@@ -137,27 +132,23 @@ class _Gemm:
         self.k_outer, self.k_inner = k_outer, k_inner
         self.tensorize_at: list = []
         self.init = None
-        self.scopes = ["shared.dyn", "shared.dyn"]  # where operands A and B are read from
-        self.staged = 0  # operand copies inside k_outer
 
 
 class WmmaFusedSchedule:
     """Schedules the fused PrimFunc, or either stage of the unfused baseline (recognized by blocks)."""
 
-    def __init__(self, func, spec: FusedConvSpec, cfg: WmmaConfig, arch: int):
+    def __init__(self, func, spec: FusedConvSpec, cfg: WmmaConfig):
         from tvm.s_tir.tensor_intrin import cuda as intrin  # slow import (~15-60 s): only here
 
         self.intrin = {
-            ("load_a", "shared.dyn"): intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN,
-            ("load_b", "shared.dyn"): intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN,
-            ("load_a", "shared"): intrin.WMMA_LOAD_16x16x16_F16_A_INTRIN,
-            ("load_b", "shared"): intrin.WMMA_LOAD_16x16x16_F16_B_INTRIN,
+            "load_a": intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN,
+            "load_b": intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN,
             "sync": intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN,
             "fill": intrin.WMMA_FILL_16x16x16_F32_INTRIN,
             "store": intrin.WMMA_STORE_16x16x16_F32_SHARED_DYN_INTRIN,
         }
         self.sch = s_tir.Schedule(func)
-        self.spec, self.cfg, self.arch = spec, cfg, arch
+        self.spec, self.cfg = spec, cfg
 
     def run(self) -> s_tir.Schedule:
         sch, cfg = self.sch, self.cfg
@@ -236,10 +227,8 @@ class WmmaFusedSchedule:
     def _to_shared(self, g: _Gemm, operand: int, lanes: int):
         """Stage one GEMM operand tile in shared memory, loaded cooperatively and vectorized."""
         sch = self.sch
-        copy = sch.cache_read(g.outer, operand, self.cfg.tile_scope)
+        copy = sch.cache_read(g.outer, operand, "shared.dyn")
         sch.compute_at(copy, g.k_outer, preserve_unit_loops=True)
-        g.scopes[operand] = self.cfg.tile_scope
-        g.staged += 1
         self._threads(copy, lanes)
         # pad each row by 8 elements (16 bytes): fragment loads then hit distinct banks
         sch.storage_align(copy, 0, axis=-2, factor=64, offset=8)
@@ -264,7 +253,7 @@ class WmmaFusedSchedule:
         sch.reverse_compute_at(acc, g.warp)
         sch.set_scope(acc, 0, "shared.dyn")
         sch.storage_align(acc, 0, axis=-2, factor=32, offset=4)
-        intrins = (self.intrin[("load_a", g.scopes[0])], self.intrin[("load_b", g.scopes[1])], self.intrin["store"])
+        intrins = (self.intrin["load_a"], self.intrin["load_b"], self.intrin["store"])
         for block, intrin in zip((frag_a, frag_b, acc), intrins):
             i, j = sch.get_loops(block)[-2:]
             i0, i1 = sch.split(i, [None, MMA])
@@ -272,12 +261,6 @@ class WmmaFusedSchedule:
             sch.reorder(i0, j0, i1, j1)
             g.tensorize_at.append((i1, intrin))
         g.init = sch.decompose_reduction(g.outer, g.k_outer)
-        if self.cfg.pipeline:
-            # k_outer's body: the operand copies, then the MMA loop; copies run one step ahead
-            sch.annotate(g.k_outer, "software_pipeline_stage", [0] * g.staged + [1])
-            sch.annotate(g.k_outer, "software_pipeline_order", list(range(g.staged + 1)))
-            if self.arch >= 80:  # sm_80+: the copies become cp.async, not staged through registers
-                sch.annotate(g.k_outer, "software_pipeline_async_stages", [0])
 
     def _tensorize(self, g: _Gemm):
         sch = self.sch
@@ -299,13 +282,6 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = fit_config(spec, cfg or WmmaConfig())
-    if cfg.tile_scope == "shared" and tile_bytes(spec, cfg) > STATIC_SHARED_BYTES:
-        log.warning("operand tiles of %s exceed static shared memory: staging them in dynamic "
-                    "shared memory, without pipelining", spec.to_string())
-        cfg = dataclasses.replace(cfg, tile_scope="shared.dyn", pipeline=False)
-    if cfg.pipeline and cfg.tile_scope != "shared":
-        raise ValueError("config: pipeline=1 needs tile_scope=shared (TVM 0.27 miscompiles "
-                         "pipelined shared.dyn tiles: 'tvm_access_ptr element type must match')")
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "
@@ -313,7 +289,5 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
         fused = False
     ext = extents(spec, cfg)
     funcs = [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
-    scheduled = [WmmaFusedSchedule(f, spec, cfg, arch).run().mod["main"] for f in funcs]
-    # pipelined copies become cp.async (zero-filling where the im2col gather is out of bounds)
-    pass_config = {"tirx.use_async_copy": True} if cfg.pipeline and arch >= 80 else {}
-    return Kernels(scheduled, None if fused else (ext["m"], ext["k1"]), pass_config)
+    scheduled = [WmmaFusedSchedule(f, spec, cfg).run().mod["main"] for f in funcs]
+    return Kernels(scheduled, None if fused else (ext["m"], ext["k1"]))
