@@ -1,8 +1,10 @@
 """Benchmark the fused kernel against the same template unfused, torch/cuDNN and a roofline.
 
 Run on the GPU machine:  python3 bench/bench_fused.py [--target cuda] [--quick] [--json FILE]
-                            [--config 'm_tile=128,warps_m=4' ...] [--case SPEC ...]
-Prints a table (us, TFLOP/s, % of roofline) and writes JSON to bench/results/. The unfused baseline uses the default parameters. The roofline uses
+                            [--config default|tuned|'m_tile=128,warps_m=4' ...] [--db DIR] [--case SPEC ...]
+Prints a table (us, TFLOP/s, % of roofline) and writes JSON to bench/results/. By default each case
+runs with the default parameters and with the tuned ones (the GPU's database in schedules/, or
+--db). The unfused baseline uses the default parameters. The roofline uses
 peaks measured in the same run (torch fp16 GEMM and device-to-device copy), and counts the bytes
 an ideal fused kernel must move: x, w1, w2, residual and y once each.
 """
@@ -18,6 +20,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tvm_b2b import FusedConvSpec, build  # noqa: E402
+from tvm_b2b.kernel import resolve_config  # noqa: E402
 from tvm_b2b.op import compare, random_inputs, reference  # noqa: E402
 
 
@@ -106,34 +109,43 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="two cases only")
     parser.add_argument("--json", default=None, help="output file (default bench/results/fused_<date>.json)")
     parser.add_argument("--config", action="append", default=None,
-                        help="schedule parameters to compare, e.g. 'm_tile=128,warps_m=4' (repeat; 'default' for the defaults)")
+                        help="schedule parameters to compare: 'default', 'tuned' or e.g. 'm_tile=128,warps_m=4' (repeat; default: default and tuned)")
+    parser.add_argument("--db", default="auto", help="tuning database for 'tuned' (default: the GPU's in schedules/)")
     parser.add_argument("--case", action="append", default=None, help="only this spec (repeatable)")
+    parser.add_argument("--list", action="store_true", help="print the cases' specs, N=32 first (for tvm-b2b tune), and exit")
     args = parser.parse_args()
+    if args.list:
+        print("\n".join(s.to_string() for s in sorted(cases(args.quick), key=lambda s: s.n != 32)))
+        return 0
 
     peak_flops, peak_bw = measure_peaks()
     if peak_flops:
         print(f"peaks measured: {peak_flops / 1e12:.0f} TFLOP/s fp16 GEMM, {peak_bw / 1e9:.0f} GB/s copy")
-    configs = [None if c == "default" else c for c in (args.config or ["default"])]
-    header = f"{'case':36} {'config':32} {'fused us':>9} {'unfused us':>10} {'torch us':>9} {'speedup':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check"
+    configs = args.config or ["default", "tuned"]
+    header = f"{'case':36} {'config':60} {'fused us':>9} {'unfused us':>10} {'torch us':>9} {'speedup':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check"
     print(header)
     rows = []
     specs = [FusedConvSpec.parse(c) for c in args.case] if args.case else cases(args.quick)
     for spec in specs:
         inputs = random_inputs(spec)
         want = reference(spec, **inputs)
-        unfused_us = build(spec, args.target, fused=False).time_us(inputs)
+        unfused_us = build(spec, args.target, fused=False, db=None).time_us(inputs)
         torch_us = torch_unfused_us(spec, inputs)
         roof_us = max(spec.flops / peak_flops, min_bytes(spec) / peak_bw) * 1e6 if peak_flops else None
         name = f"n={spec.n} {spec.h}x{spec.w} {spec.c}->{spec.k1}->{spec.k2}{' +r' if spec.residual else ''}"
-        for config in configs:
-            fused = build(spec, args.target, config=config)
+        for label in configs:
+            config = None if label in ("default", "tuned") else label
+            db = args.db if label == "tuned" else None
+            fused = build(spec, args.target, config=config, db=db)
+            used = resolve_config(spec, fused.target, True, config, db)
+            config = label if label != "tuned" else f"tuned: {used.to_string() if used else 'no record, defaults'}"
             err, ok = compare(spec, fused(**inputs), want)
             fused_us = fused.time_us(inputs)
             row = dict(spec=spec.to_string(), config=config or "default", fused_us=fused_us, unfused_us=unfused_us,
                        torch_cudnn_us=torch_us, tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us,
                        max_abs_err=err, correct=ok, fused_kernels=len(fused.func_names))
             rows.append(row)
-            print(f"{name:36} {(config or 'default')[:32]:32} {fused_us:9.1f} {unfused_us:10.1f} "
+            print(f"{name:36} {(config or 'default')[:60]:60} {fused_us:9.1f} {unfused_us:10.1f} "
                   f"{torch_us or float('nan'):9.1f} {unfused_us / fused_us:6.2f}x {row['tflops']:8.1f} "
                   f"{roof_us or float('nan'):8.1f} {100 * roof_us / fused_us if roof_us else float('nan'):5.1f}%  "
                   f"{'OK' if ok else 'MISMATCH'}", flush=True)

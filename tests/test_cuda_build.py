@@ -70,6 +70,16 @@ def test_config_reaches_the_schedule():
     assert '__global__ void __launch_bounds__(256)' in wide and "__launch_bounds__(128)" not in wide
 
 
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
+def test_pipelined_config_builds(arch, local_arches, tmp_path):
+    """pipeline=1 double-buffers the operand tiles; from sm_80 on the loads are cp.async."""
+    source = build(SPECS[1], f"cuda:{arch}", config="pipeline=1,m_tile=32", db=None).source()
+    assert len(kernels(source)) == 1
+    assert ("cp.async" in source) == (arch != "sm_75")
+    if arch in local_arches:
+        nvcc_compile(source, arch, tmp_path)
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ValueError, match="bogus: not a WmmaConfig field"):
         build(SPECS[0], "cuda:sm_90", config="m_tile=64,bogus=1")

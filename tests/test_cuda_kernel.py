@@ -3,11 +3,12 @@
 Tolerance as for the CPU kernel (tvm_b2b.op.TOLERANCES): float16 |y - ref| <= 1e-2 + 1e-2 |ref|.
 """
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.op import ACTIVATIONS, compare, random_inputs, reference
+from tvm_b2b.schedule.cuda_wmma import KNOBS, WmmaConfig, check_config
 
 pytestmark = pytest.mark.gpu
 
@@ -35,14 +36,37 @@ def test_cuda_kernel_matches_reference(spec, fused):
     assert ok, f"{spec.to_string()} fused={fused}: max abs error {err}"
 
 
-CONFIGS = ["m_tile=128,warps_m=4", "m_tile=128,warps_m=2,warps_n=4,n1_tile=128,n2_tile=128", "k_tile=64"]
+ONE_FRAGMENT = "m_tile=16,warps_m=1,warps_n=1,k_tile=16,n1_tile=16,n2_tile=16"
+CONFIGS = [
+    (GRID[1], "m_tile=128,warps_m=4"), (GRID[1], "m_tile=128,warps_n=4,n1_tile=64,n2_tile=128"),
+    (GRID[1], "k_tile=64"), (GRID[1], "pipeline=1"), (GRID[1], "pipeline=1,m_tile=128,warps_m=4,k_tile=64"),
+    (GRID[1], ONE_FRAGMENT), (GRID[4], "pipeline=1"), (GRID[4], "n1_tile=128,n2_tile=256"),
+    (GRID[7], "m_tile=32"), (GRID[7], "pipeline=1,m_tile=32"), (GRID[7], "m_tile=16,warps_m=1,warps_n=4,n1_tile=64,n2_tile=64"),
+    (GRID[8], "pipeline=1,k_tile=64"), (GRID[8], "m_tile=128,warps_m=4"),
+]
 
 
-@pytest.mark.parametrize("spec", [GRID[1], GRID[4], GRID[7], GRID[8]], ids=lambda s: s.to_string())
-@pytest.mark.parametrize("config", CONFIGS)
-def test_cuda_kernel_configs_match_reference(spec, config):
+@pytest.mark.parametrize(("spec", "config"), CONFIGS, ids=lambda v: v if isinstance(v, str) else v.to_string())
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_cuda_kernel_configs_match_reference(spec, config, fused):
     inputs = random_inputs(spec, seed=3)
-    err, ok = compare(spec, build(spec, "cuda", config=config)(**inputs), reference(spec, **inputs))
+    kernel = build(spec, "cuda", fused=fused, config=config)
+    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
+    assert ok, f"{spec.to_string()} {config} fused={fused}: max abs error {err}"
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(spec=st.sampled_from(GRID[:9]), knobs=st.fixed_dictionaries({k: st.sampled_from(v) for k, v in KNOBS.items()}),
+       pipeline=st.sampled_from([0, 1]))
+def test_cuda_kernel_random_configs(spec, knobs, pipeline):
+    """Any config the tuner may pick computes the same op (tuning measures speed, not results)."""
+    config = WmmaConfig.from_knobs(knobs, pipeline=pipeline)
+    try:
+        check_config(spec, config)
+    except ValueError:
+        assume(False)
+    inputs = random_inputs(spec, seed=5)
+    err, ok = compare(spec, build(spec, "cuda", config=config.to_string())(**inputs), reference(spec, **inputs))
     assert ok, f"{spec.to_string()} {config}: max abs error {err}"
 
 

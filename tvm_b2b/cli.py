@@ -17,7 +17,7 @@ def _op(args) -> int:
 
     spec = FusedConvSpec.parse(args.spec)
     start = time.perf_counter()
-    kernel = build(spec, args.target, fused=not args.unfused, config=args.config)
+    kernel = build(spec, args.target, fused=not args.unfused, config=args.config, db=_db(args))
     print(f"spec    {spec.to_string()}")
     print(f"target  {kernel.target}")
     print(f"build   {time.perf_counter() - start:.2f} s ({'fused, one kernel' if kernel.fused else 'unfused, two kernels'})")
@@ -43,6 +43,47 @@ def _op(args) -> int:
     return status
 
 
+def _db(args):
+    """--db DIR, --no-db, or the target's shipped database ("auto")."""
+    return None if args.no_db else (args.db or "auto")
+
+
+def _tune(args) -> int:
+    import tempfile
+
+    from .frontend.model import analyze
+    from .op import FusedConvSpec
+    from .target import parse_target
+    from .tune.database import TuningDatabase, record_specs
+    from .tune.tuner import tune_spec
+
+    target = parse_target(args.target)
+    if target.kind.name != "cuda":
+        raise UserError("--target: tuning is for CUDA targets (the CPU schedule has no parameters)")
+    if args.model:
+        _, pairs, _ = analyze(args.model, target, dtype="float16", db=None)
+        specs = list(dict.fromkeys(p.spec for p in pairs if p.fused))
+        print(f"{args.model}: {len(specs)} distinct fused pair(s) to tune")
+    else:
+        specs = [FusedConvSpec.parse(s) for s in args.spec]
+    database = TuningDatabase(args.db)
+    record_specs(args.db, specs)
+    deadline = time.time() + 60 * args.minutes if args.minutes else None
+    results = []
+    with tempfile.TemporaryDirectory(prefix="tvm-b2b-tune-") as work_dir:
+        for i, spec in enumerate(specs, 1):
+            if deadline and time.time() >= deadline:
+                print(f"time budget spent: {len(specs) - i + 1} spec(s) left; run the same command again to continue")
+                break
+            results.append(tune_spec(spec, target, database, args.trials, work_dir=work_dir,
+                                     label=f"[{i}/{len(specs)}]", deadline=deadline))
+    for r in results:
+        best = f"{r['best_us']:.1f} us with {r['config']}" if r["best_us"] else "no valid record"
+        print(f"{r['spec']}: {r['trials']} trials ({r['trials'] - r['trials_before']} new), best {best}")
+    print(f"database: {args.db}")
+    return 0
+
+
 def _report(args) -> int:
     import json
 
@@ -66,7 +107,7 @@ def _compile(args) -> int:
 
     start = time.perf_counter()
     dtype = None if args.dtype == "float32" else args.dtype
-    pairs = compile_model(args.model, args.output, parse_target(args.target), fuse=not args.no_fuse, dtype=dtype)
+    pairs = compile_model(args.model, args.output, parse_target(args.target), fuse=not args.no_fuse, dtype=dtype, db=_db(args))
     print(f"compiled {args.model} -> {args.output} (+ .json) in {time.perf_counter() - start:.1f} s: "
           f"{sum(p.fused for p in pairs)} of {len(pairs)} 3x3 -> 1x1 pair(s) fused")
     for p in pairs:
@@ -112,6 +153,7 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--emit-source", metavar="FILE", help="write the generated source (LLVM IR on CPU, CUDA on GPU)")
     op.add_argument("--config", help="schedule parameters (CUDA), e.g. 'm_tile=128,warps_m=4'")
     op.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    _db_options(op)
     op.set_defaults(handler=_op)
 
     report = commands.add_parser("report", help="list the 3x3 -> 1x1 pairs of an ONNX model and whether each fuses")
@@ -127,7 +169,18 @@ def make_parser() -> argparse.ArgumentParser:
     comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, or a TVM target JSON")
     comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
     comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
+    _db_options(comp)
     comp.set_defaults(handler=_compile)
+
+    tune = commands.add_parser("tune", help="tune the fused kernel for a GPU with MetaSchedule (resumable)")
+    what = tune.add_mutually_exclusive_group(required=True)
+    what.add_argument("--spec", action="append", help="a fused op spec to tune (repeat for several)")
+    what.add_argument("--model", help="MODEL.onnx: tune every distinct fused pair it has (float16)")
+    tune.add_argument("--target", default="cuda", help="cuda (the local GPU) or cuda:sm_XX; measuring needs that GPU")
+    tune.add_argument("--trials", type=int, default=64, help="trials per spec in total: a rerun continues up to it (default 64)")
+    tune.add_argument("--db", required=True, metavar="DIR", help="the tuning database (created if missing; MetaSchedule's JSON files)")
+    tune.add_argument("--minutes", type=float, help="stop starting new rounds after this long (rerun to continue)")
+    tune.set_defaults(handler=_tune)
 
     run = commands.add_parser("run", help="run a compiled model on .npy inputs")
     run.add_argument("library", help="OUT.so from tvm-b2b compile")
@@ -136,6 +189,12 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--bench", action="store_true", help="print the median latency")
     run.set_defaults(handler=_run)
     return parser
+
+
+def _db_options(parser):
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--db", metavar="DIR", help="take tuned CUDA parameters from this database (default: the target GPU's in schedules/)")
+    group.add_argument("--no-db", action="store_true", help="use the schedule's default parameters")
 
 
 def main(argv=None) -> int:

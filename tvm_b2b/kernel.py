@@ -97,21 +97,62 @@ class FusedKernel:
         return len(self.func_names) == 1
 
 
-def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None) -> FusedKernel:
+def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, db="auto") -> FusedKernel:
     """Compile the op for `target` (llvm, cuda, cuda:sm_XX, a target JSON or a Target).
     fused=False builds the unfused baseline: two kernels, intermediate in global memory.
-    config: the schedule's parameters (CUDA: a WmmaConfig or its text 'm_tile=128,...');
-    None for the defaults."""
+    config: the schedule's parameters (CUDA: a WmmaConfig or its text 'm_tile=128,...').
+    db: where a CUDA build without a config takes its tuned parameters: "auto" (the shipped
+    database of the target's GPU, schedules/<gpu>-<arch>), a directory, or None (defaults)."""
     if not isinstance(spec, FusedConvSpec):
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
     target = parse_target(target)
+    config = resolve_config(spec, target, fused, config, db)
     key = (spec, str(target), fused, str(config))
     if key not in _BUILT:
         _BUILT[key] = _compile(spec, target, fused, config)
     return _BUILT[key]
 
 
+def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="auto"):
+    """The schedule parameters a build uses: the given config, else the tuned one from `db`
+    (CUDA, fused op), else None (the rule's defaults)."""
+    if config is not None or target.kind.name != "cuda" or not fused or not db:
+        return config
+    from .tune.database import find_database, tuned_config
+
+    directory = find_database(target) if db == "auto" else db
+    if directory is None:
+        return None
+    from .schedule.cuda_wmma import unsupported_reason
+    from .target import cuda_arch_number
+
+    if unsupported_reason(spec, cuda_arch_number(target)):
+        return None  # the schedule rule reports it
+    return tuned_config(spec, target, directory)
+
+
 _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
+
+
+def compile_module(mod, target):
+    """tvm.compile, working around a TVM 0.27 bug: for some tile shapes StorageRewrite leaves a
+    shared-memory access pointer whose element type differs from its buffer's, and LowerIntrin
+    rejects it ("tvm_access_ptr element type must match the source buffer"). Those modules
+    build correctly with StorageRewrite off (it only reuses memory)."""
+    import tvm
+
+    from .target import cuda_arch_number
+
+    # pipelined copies become cp.async on sm_80+ (zero-filling where the im2col gather is out of bounds)
+    config = {"tirx.use_async_copy": True} if cuda_arch_number(target) >= 80 else {}
+    try:
+        with tvm.transform.PassContext(config=config):
+            return tvm.compile(mod, target=target)
+    except tvm.error.InternalError as err:
+        if "tvm_access_ptr element type must match" not in str(err):
+            raise
+    with tvm.transform.PassContext(config={**config, "tirx.disable_storage_rewrite": True}):
+        return tvm.compile(mod, target=target)
 
 
 def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
@@ -120,7 +161,8 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     from .schedule import scheduled_funcs
 
     kernels = scheduled_funcs(spec, target, fused, config)
+    # (config already resolved against the tuning database by build)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    executable = tvm.compile(mod, target=target)
+    executable = compile_module(mod, target)
     return FusedKernel(spec, target, executable, names, kernels.mid_shape)

@@ -41,9 +41,28 @@ def parse_target(text):
 
 
 def cuda_target(arch: str):
+    """The CUDA target of an arch, with its limits (TVM's default GPU schedules read them)."""
     import tvm
 
-    return tvm.target.Target({"kind": "cuda", "arch": arch, "host": {"kind": "llvm"}})
+    number = int(re.sub(r"\D", "", arch))
+    return tvm.target.Target({
+        "kind": "cuda", "arch": arch, "host": {"kind": "llvm"},
+        "max_shared_memory_per_block": max_shared_bytes(number), "max_threads_per_block": 1024,
+        "thread_warp_size": 32, "registers_per_block": 65536,
+    })
+
+
+def max_shared_bytes(arch: int) -> int:
+    """Dynamic shared memory per block, by compute capability (CUDA programming guide)."""
+    if arch >= 90:
+        return 227 * 1024
+    if arch in (80, 87):
+        return 163 * 1024
+    if arch >= 86:
+        return 99 * 1024
+    if arch == 75:
+        return 64 * 1024
+    return 96 * 1024
 
 
 def cuda_arch_number(target) -> int:

@@ -35,25 +35,26 @@ def conv_names(model) -> list[str]:
     return [node.name or node.output[0] for node in model.graph.node if node.op_type == "Conv"]
 
 
-def analyze(path: str, target, fuse: bool = True, dtype: str | None = None):
+def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="auto"):
     """(normalized Relax module, pairs, ONNX model) for `path` on `target`; dtype="float16" runs
     the fused pairs in float16."""
     from .rewrite import plan
 
     model = load_onnx(path)
     mod = import_model(model)
-    pairs = plan(mod, target, conv_names(model), dtype, fuse)
+    pairs = plan(mod, target, conv_names(model), dtype, fuse, db)
     return mod, pairs, model
 
 
-def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None) -> list:
+def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto") -> list:
     """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the pairs.
-    dtype="float16": the fused pairs run in float16 with float32 accumulation."""
+    dtype="float16": the fused pairs run in float16 with float32 accumulation. db: where the fused
+    kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults)."""
     import tvm
 
     from .rewrite import fuse_pairs
 
-    mod, pairs, model = analyze(path, target, fuse, dtype)
+    mod, pairs, model = analyze(path, target, fuse, dtype, db)
     mod, _ = fuse_pairs(mod, target, pairs)
     executable = tvm.compile(mod, target=target)
     executable.export_library(out)

@@ -11,6 +11,7 @@ import logging
 from tvm import relax
 
 from ..op.reference import np_dtype
+from ..kernel import resolve_config
 from ..schedule import scheduled_funcs
 from .pairs import Pair, find_pairs
 
@@ -59,11 +60,11 @@ class _PairRewriter(relax.PyExprMutator):
         return relax.op.astype(bb.emit(y), model_dtype) if model_dtype != spec.dtype else y
 
 
-def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True) -> list[Pair]:
+def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True, db="auto") -> list[Pair]:
     """The pairs of mod's main function, each checked against the target's schedule: a pair
     the target's kernel cannot take stays unfused with the reason. dtype="float16" runs the
     fused pairs of a float32 model in float16 (fp32 accumulation), casting at their boundary.
-    fuse=False: the pairs are listed, none fused (the baseline)."""
+    fuse=False: the pairs are listed, none fused (the baseline). db: as for tvm_b2b.build."""
     pairs = find_pairs(mod["main"], conv_names)
     for pair in pairs:
         if pair.fused and not fuse:
@@ -73,7 +74,7 @@ def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = Tr
         if dtype and dtype != pair.spec.dtype:
             pair.spec = dataclasses.replace(pair.spec, dtype=dtype)
         try:
-            pair.kernels = scheduled_funcs(pair.spec, target)
+            pair.kernels = scheduled_funcs(pair.spec, target, True, resolve_config(pair.spec, target, True, None, db))
         except ValueError as err:
             pair.fused, pair.reason = False, str(err).removeprefix("target: ")
     return pairs

@@ -21,7 +21,7 @@ from tvm import s_tir
 
 from ..op.compute import fused_prim_func, padded_extents, round_up, unfused_prim_funcs
 from ..op.spec import FusedConvSpec
-from ..target import cuda_arch_number
+from ..target import cuda_arch_number, max_shared_bytes
 from .common import has_block, vector_lanes
 
 log = logging.getLogger(__name__)
@@ -31,57 +31,109 @@ WARP = 32
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
+# The template's knobs, each sampled by MetaSchedule (sample_categorical) and used directly as a
+# split factor, so that a tuning record replays exactly.
+KNOBS: dict[str, tuple[int, ...]] = {
+    "warps_m": (1, 2, 4),  # warps along the pixel rows
+    "warps_n": (1, 2, 4),  # warps along the channels
+    "frags_m": (1, 2, 4),  # 16-row fragments per warp: m_tile = 16 * warps_m * frags_m
+    "frags_n1": (1, 2, 4),  # conv1 channel fragments per warp: n1_tile = 16 * warps_n * frags_n1
+    "frags_n2": (1, 2, 4, 8),  # conv2 channel fragments per warp: n2_tile = 16 * warps_n * frags_n2
+    "frags_k": (1, 2, 4),  # conv1 reduction fragments per shared-memory step: k_tile = 16 * frags_k
+}
+CHANNEL_UNIT = 64  # channels and the 3x3 reduction are padded to this: every channel tile divides
+
+
 @dataclass(frozen=True)
 class WmmaConfig:
-    """The template's choices (the tuner samples these)."""
+    """The template's choices in tile sizes (what users write; `knobs()` is what is sampled)."""
 
     m_tile: int = 64  # output pixels per thread block
     warps_m: int = 2
     warps_n: int = 2
-    k_tile: int = 32  # reduction depth staged in shared memory per step
+    k_tile: int = 32  # conv1 reduction depth staged in shared memory per step
     n1_tile: int = 64  # conv1 output channels per accumulator pass
     n2_tile: int = 64  # conv2 output channels per accumulator pass
+    pipeline: int = 0  # 1: operand tiles double-buffered, loaded (cp.async on sm_80+) one step ahead
 
     @property
     def threads(self) -> int:
         return self.warps_m * self.warps_n * WARP
 
+    def knobs(self) -> dict[str, int]:
+        """The knob values of this config, or ValueError naming the field no knob can express."""
+        values = {
+            "warps_m": ("warps_m", self.warps_m, 1),
+            "warps_n": ("warps_n", self.warps_n, 1),
+            "frags_m": ("m_tile", self.m_tile, MMA * self.warps_m),
+            "frags_n1": ("n1_tile", self.n1_tile, MMA * self.warps_n),
+            "frags_n2": ("n2_tile", self.n2_tile, MMA * self.warps_n),
+            "frags_k": ("k_tile", self.k_tile, MMA),
+        }
+        knobs = {}
+        for knob, (field, value, unit) in values.items():
+            if value % unit or value // unit not in KNOBS[knob]:
+                allowed = " or ".join(str(unit * c) for c in KNOBS[knob])
+                raise ValueError(f"config: {field}={value} is not a tile this template takes (with these warps: {allowed})")
+            knobs[knob] = value // unit
+        return knobs
+
+    @classmethod
+    def from_knobs(cls, k: dict[str, int], pipeline: int = 0) -> "WmmaConfig":
+        return cls(
+            m_tile=MMA * k["warps_m"] * k["frags_m"], warps_m=k["warps_m"], warps_n=k["warps_n"],
+            k_tile=MMA * k["frags_k"], n1_tile=MMA * k["warps_n"] * k["frags_n1"],
+            n2_tile=MMA * k["warps_n"] * k["frags_n2"], pipeline=pipeline,
+        )
+
+    def to_string(self) -> str:
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+
     @classmethod
     def parse(cls, text: str) -> "WmmaConfig":
         """'m_tile=128,warps_m=4' -> WmmaConfig (fields not given keep defaults)."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values: dict[str, object] = {}
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, int] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, _, raw = (p.strip() for p in item.partition("="))
             if key not in fields:
-                raise ValueError(f"{key}: not a WmmaConfig field (expected one of {', '.join(fields)})")
-            default = fields[key].default
-            if isinstance(default, bool):
-                values[key] = raw.lower() in ("1", "true", "yes", "on")
-            elif isinstance(default, int):
+                raise ValueError(f"{key}: not a WmmaConfig field (expected one of {', '.join(sorted(fields))})")
+            try:
                 values[key] = int(raw)
-            else:
-                values[key] = raw
+            except ValueError:
+                raise ValueError(f"{key}: expected an integer, got {raw!r}") from None
         return cls(**values)
 
 
-def fit_config(spec: FusedConvSpec, cfg: WmmaConfig) -> WmmaConfig:
-    """Shrink the tiles for small channel counts. Each warp keeps at least two fragments along n
-    and k: with one, TVM 0.27 lowers a fragment's access pointer with the wrong element type
-    ("tvm_access_ptr element type must match the source buffer")."""
-    n_unit = MMA * cfg.warps_n * 2
-    return dataclasses.replace(
-        cfg,
-        n1_tile=min(cfg.n1_tile, round_up(spec.k1, n_unit)),
-        n2_tile=min(cfg.n2_tile, round_up(spec.k2, n_unit)),
-        k_tile=min(cfg.k_tile, round_up(9 * spec.c, 2 * MMA)),
-    )
+def pixel_unit(spec: FusedConvSpec) -> int:
+    """Rows are padded to this: it is the largest M tile a spec can use (small layers keep small
+    tiles so that they still make several blocks)."""
+    return 128 if spec.m >= 2048 else 64 if spec.m >= 256 else 32
 
 
-def extents(spec: FusedConvSpec, cfg: WmmaConfig) -> dict[str, int]:
-    ext = padded_extents(spec, cfg.m_tile, k_tile=cfg.k_tile, n_tile=cfg.n1_tile)
-    ext["k2"] = round_up(spec.k2, cfg.n2_tile)
+def extents(spec: FusedConvSpec) -> dict[str, int]:
+    """The padded GEMM extents: fixed per spec (not per config), so that every config schedules
+    the same PrimFunc, which is the tuning workload."""
+    ext = padded_extents(spec, pixel_unit(spec), k_tile=CHANNEL_UNIT, n_tile=CHANNEL_UNIT)
     return ext
+
+
+def default_config(spec: FusedConvSpec) -> WmmaConfig:
+    """The untuned choice: 64-pixel tiles, 2x2 warps, unless the padded rows take only 32."""
+    if extents(spec)["m"] % 64:
+        return WmmaConfig(m_tile=32)
+    return WmmaConfig()
+
+
+def check_config(spec: FusedConvSpec, cfg: WmmaConfig) -> WmmaConfig:
+    """The config if its tiles divide the spec's padded extents, else ValueError naming the tile."""
+    cfg.knobs()
+    ext = extents(spec)
+    for field, extent, what in (("m_tile", ext["m"], "pixel rows"), ("k_tile", ext["r"], "3x3 reduction"),
+                                ("n1_tile", ext["k1"], "k1 channels"), ("n2_tile", ext["k2"], "k2 channels")):
+        if extent % getattr(cfg, field):
+            raise ValueError(f"config: {field}={getattr(cfg, field)} does not divide the {extent} padded {what} of {spec.to_string()}")
+    return cfg
 
 
 def _aligned_row(row: int, factor: int, offset: int) -> int:
@@ -93,25 +145,13 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     """Shared memory the fused kernel needs, with the padded row strides the schedule asks for
     (upper bound: TVM may overlap dead buffers): the intermediate, one chunk of fp32
     accumulators, the operand tiles."""
-    ext, e = extents(spec, cfg), DTYPE_BYTES[spec.dtype]
+    ext, e = extents(spec), DTYPE_BYTES[spec.dtype]
     mid = cfg.m_tile * _aligned_row(ext["k1"], 64, 8) * e
     acc = cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
     stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
     stage2 = cfg.k_tile * _aligned_row(cfg.n2_tile, 64, 8)
-    return mid + acc + e * max(stage1, stage2)
-
-
-def max_shared_bytes(arch: int) -> int:
-    """Dynamic shared memory per block, by compute capability (CUDA programming guide)."""
-    if arch >= 90:
-        return 227 * 1024
-    if arch in (80, 87):
-        return 163 * 1024
-    if arch >= 86:
-        return 99 * 1024
-    if arch == 75:
-        return 64 * 1024
-    return 96 * 1024
+    copies = 2 if cfg.pipeline else 1  # double-buffered when pipelined
+    return mid + acc + e * max(stage1, stage2) * copies
 
 
 def unsupported_reason(spec: FusedConvSpec, arch: int) -> str | None:
@@ -130,14 +170,17 @@ class _Gemm:
     def __init__(self, outer, inner, chunk, warp, k_outer, k_inner):
         self.outer, self.inner, self.chunk, self.warp = outer, inner, chunk, warp
         self.k_outer, self.k_inner = k_outer, k_inner
+        self.staged = 0  # operand copies inside k_outer
         self.tensorize_at: list = []
         self.init = None
 
 
 class WmmaFusedSchedule:
-    """Schedules the fused PrimFunc, or either stage of the unfused baseline (recognized by blocks)."""
+    """Schedules the fused PrimFunc, or either stage of the unfused baseline (recognized by blocks).
+    Every tile size comes from a sampled knob (`KNOBS`): fixed to `cfg` when one is given, drawn
+    at random otherwise (MetaSchedule's design space, tvm_b2b.tune)."""
 
-    def __init__(self, func, spec: FusedConvSpec, cfg: WmmaConfig):
+    def __init__(self, sch: s_tir.Schedule, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int = 80):
         from tvm.s_tir.tensor_intrin import cuda as intrin  # slow import (~15-60 s): only here
 
         self.intrin = {
@@ -147,18 +190,27 @@ class WmmaFusedSchedule:
             "fill": intrin.WMMA_FILL_16x16x16_F32_INTRIN,
             "store": intrin.WMMA_STORE_16x16x16_F32_SHARED_DYN_INTRIN,
         }
-        self.sch = s_tir.Schedule(func)
-        self.spec, self.cfg = spec, cfg
+        self.sch, self.spec = sch, spec
+        self.pipeline, self.arch = bool(cfg and cfg.pipeline), arch
+        chosen = cfg.knobs() if cfg else {}
+        self.knob = {
+            name: sch.sample_categorical(list(c), [1 / len(c)] * len(c),
+                                         decision=c.index(chosen[name]) if chosen else None)
+            for name, c in KNOBS.items()
+        }
 
     def run(self) -> s_tir.Schedule:
-        sch, cfg = self.sch, self.cfg
+        sch, knob = self.sch, self.knob
         has1, has2 = has_block(sch, "conv1"), has_block(sch, "conv2")
         last = sch.get_sblock("out_pad" if has2 else "mid")  # tiles cover the padded extents
         m, n = sch.get_loops(last)
-        block_x, m_in = sch.split(m, [None, cfg.m_tile])
+        block_x, *m_in = sch.split(m, [None, knob["warps_m"], knob["frags_m"], MMA])
+        frags_n = knob["frags_n2" if has2 else "frags_n1"]
+        n_chunk, *n_in = sch.split(n, [None, knob["warps_n"], frags_n, MMA])
+        sch.reorder(block_x, n_chunk, *m_in, *n_in)
+        sch.fuse(*m_in)
+        sch.fuse(*n_in)
         sch.bind(block_x, "blockIdx.x")
-        n_chunk, n_in = sch.split(n, [None, cfg.n2_tile if has2 else cfg.n1_tile])
-        sch.reorder(block_x, n_chunk, m_in, n_in)
         if not (has1 and has2):
             # one stage alone: its channel chunks are independent, so they are blocks too (many
             # blocks even where few pixels give few row tiles)
@@ -169,14 +221,14 @@ class WmmaFusedSchedule:
             sch.compute_at(sch.get_sblock("mid"), block_x)
         if has1:
             sch.compute_at(sch.get_sblock("conv1"), block_x if has2 else n_chunk)
-            self._stage1(block_x, fused=has2)
+            self._stage1(fused=has2)
         if has2:
             self._stage2(fused=has1)
         return sch
 
-    def _stage1(self, block_x, fused: bool):
+    def _stage1(self, fused: bool):
         sch, spec = self.sch, self.spec
-        g = self._gemm(sch.get_sblock("conv1"), self.cfg.n1_tile, self.cfg.k_tile)
+        g = self._gemm(sch.get_sblock("conv1"), self.knob["frags_n1"], self.knob["frags_k"])
         # the epilogue runs per channel chunk, right after that chunk's accumulators are stored
         mid = sch.get_sblock("mid")
         sch.reverse_compute_at(mid, g.chunk, preserve_unit_loops=True)
@@ -193,8 +245,8 @@ class WmmaFusedSchedule:
 
     def _stage2(self, fused: bool):
         sch, spec = self.sch, self.spec
-        k_tile = 2 * MMA  # divides the padded k1 (a multiple of n1_tile >= 2 * MMA * warps_n)
-        g = self._gemm(sch.get_sblock("conv2"), self.cfg.n2_tile, k_tile)
+        # two fragments (32) per step: divides the padded k1 (a multiple of CHANNEL_UNIT)
+        g = self._gemm(sch.get_sblock("conv2"), self.knob["frags_n2"], 2)
         if not fused:  # mid comes from global memory: stage it like any operand
             self._to_shared(g, 0, 8)
         self._to_shared(g, 1, vector_lanes(spec.k2, 8))
@@ -207,18 +259,18 @@ class WmmaFusedSchedule:
         self._threads(out, vector_lanes(spec.k2, 4))
         self._tensorize(g)
 
-    def _gemm(self, block, n_tile: int, k_tile: int) -> _Gemm:
+    def _gemm(self, block, frags_n, frags_k) -> _Gemm:
         """Blockize the (m, n, k) loops under the tile into 16x16x16 MMAs, spread over warps."""
-        sch, cfg = self.sch, self.cfg
+        sch, knob = self.sch, self.knob
         m, n, k = sch.get_loops(block)[-3:]
         m, m_i = sch.split(m, [None, MMA])
         n, n_i = sch.split(n, [None, MMA])
         k, k_i = sch.split(k, [None, MMA])
         sch.reorder(m, n, k, m_i, n_i, k_i)
         outer = sch.blockize(m_i)
-        warp_m, frag_m = sch.split(m, [cfg.warps_m, None])
-        chunk, warp_n, frag_n = sch.split(n, [None, cfg.warps_n, n_tile // MMA // cfg.warps_n])
-        k_outer, k_inner = sch.split(k, [None, k_tile // MMA])
+        warp_m, frag_m = sch.split(m, [knob["warps_m"], knob["frags_m"]])
+        chunk, warp_n, frag_n = sch.split(n, [None, knob["warps_n"], frags_n])
+        k_outer, k_inner = sch.split(k, [None, frags_k])
         sch.reorder(chunk, warp_m, warp_n, k_outer, k_inner, frag_m, frag_n)
         warp = sch.fuse(warp_m, warp_n)
         sch.bind(warp, "threadIdx.y")
@@ -229,16 +281,17 @@ class WmmaFusedSchedule:
         sch = self.sch
         copy = sch.cache_read(g.outer, operand, "shared.dyn")
         sch.compute_at(copy, g.k_outer, preserve_unit_loops=True)
+        g.staged += 1
         self._threads(copy, lanes)
         # pad each row by 8 elements (16 bytes): fragment loads then hit distinct banks
         sch.storage_align(copy, 0, axis=-2, factor=64, offset=8)
 
     def _threads(self, block, lanes: int):
         """Spread a 2-D copy/epilogue block over all threads, `lanes` elements per access."""
-        sch, cfg = self.sch, self.cfg
+        sch, knob = self.sch, self.knob
         fused = sch.fuse(*sch.get_loops(block)[-2:])
-        _, ty, tx, vec = sch.split(fused, [None, cfg.warps_m * cfg.warps_n, WARP, lanes])
-        sch.bind(ty, "threadIdx.y")
+        _, ty_m, ty_n, tx, vec = sch.split(fused, [None, knob["warps_m"], knob["warps_n"], WARP, lanes])
+        sch.bind(sch.fuse(ty_m, ty_n), "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
 
@@ -261,6 +314,13 @@ class WmmaFusedSchedule:
             sch.reorder(i0, j0, i1, j1)
             g.tensorize_at.append((i1, intrin))
         g.init = sch.decompose_reduction(g.outer, g.k_outer)
+        if self.pipeline:
+            # k_outer's body: the operand copies, then the MMA loop; the copies run one step ahead
+            # (cp.async where the target has it: see kernel.compile_module)
+            sch.annotate(g.k_outer, "software_pipeline_stage", [0] * g.staged + [1])
+            sch.annotate(g.k_outer, "software_pipeline_order", list(range(g.staged + 1)))
+            if self.arch >= 80:  # cp.async exists from sm_80 on; before, copies go through registers
+                sch.annotate(g.k_outer, "software_pipeline_async_stages", [0])
 
     def _tensorize(self, g: _Gemm):
         sch = self.sch
@@ -269,6 +329,19 @@ class WmmaFusedSchedule:
         init_inner = sch.get_child_blocks(g.init)[0]
         sch.tensorize(sch.get_loops(init_inner)[-2], self.intrin["fill"])
         sch.tensorize(sch.get_loops(g.inner)[-3], self.intrin["sync"])
+
+
+def workload(spec: FusedConvSpec):
+    """The fused op's PrimFunc in the padded GEMM form this template schedules, as an IRModule
+    ("main"): what MetaSchedule tunes and what tuning records are keyed on."""
+    import tvm
+
+    return tvm.IRModule({"main": fused_prim_func(spec, extents(spec))})
+
+
+def schedule(func, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int):
+    """The scheduled PrimFunc (cfg None: knobs drawn at random)."""
+    return WmmaFusedSchedule(s_tir.Schedule(func), spec, cfg, arch).run().mod["main"]
 
 
 def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | None = None):
@@ -281,13 +354,12 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     reason = unsupported_reason(spec, arch)
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
-    cfg = fit_config(spec, cfg or WmmaConfig())
+    cfg = check_config(spec, cfg or default_config(spec))
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "
                     "tensor-core kernels instead", spec.to_string(), need // 1024, arch, have // 1024)
         fused = False
-    ext = extents(spec, cfg)
+    ext = extents(spec)
     funcs = [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
-    scheduled = [WmmaFusedSchedule(f, spec, cfg).run().mod["main"] for f in funcs]
-    return Kernels(scheduled, None if fused else (ext["m"], ext["k1"]))
+    return Kernels([schedule(f, spec, cfg, arch) for f in funcs], None if fused else (ext["m"], ext["k1"]))

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One GPU-machine session step (see DEVELOPERS.md's device notes), run from the repo root after
+# `source .devcarry/tvm2/env.sh`. Logs and results go to $OUT (or bench/results/session).
+#   bash bench/gpu_session.sh tune MINUTES   GPU tests of configs/tuning, then tune every bench case
+#                                            (resumes .tune/db), copy the database out
+#   bash bench/gpu_session.sh bench          all GPU tests, benchmarks (default vs tuned), model bench
+set -uo pipefail
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+out="${OUT:-bench/results/session}"; mkdir -p "$out" .tune
+quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
+case "$1" in
+  tune)
+    nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+    timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_kernel.py -k "configs" \
+      tests/test_tune.py 2>&1 | tail -25 | tee "$out/gpu_tests_configs_tune.log"
+    timeout 90 python3 bench/bench_fused.py --config default --config pipeline=1 --config "pipeline=1,m_tile=128,warps_m=4" \
+      --case n=32,h=56,w=56,c=64,k1=64,k2=128 --case n=1,h=56,w=56,c=64,k1=64,k2=64 \
+      --json "$out/fused_h200_pipeline.json" 2>&1 | tee "$out/fused_h200_pipeline.txt" | grep -v "^\s*$"
+    specs=$(python3 bench/bench_fused.py --list | sed 's/^/--spec /')
+    timeout $(( ${2:-5} * 60 + 60 )) python3 -m tvm_b2b tune $specs --target cuda --trials 16 --db .tune/db \
+      --minutes "${2:-5}" 2>&1 | quiet | tee "$out/tune.log" | grep -E "^\[|^n=|time budget"
+    mkdir -p "$out/db" && cp .tune/db/* "$out/db/"
+    ;;
+  bench)
+    python3 bench/ship_schedules.py .tune/db && mkdir -p "$out/shipped" && cp schedules/*-sm_90/* "$out/shipped/"
+    timeout 280 python3 bench/bench_fused.py --config default --config tuned \
+      --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
+    timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests -k "not tune_measures and not configs" 2>&1 | tail -25 | tee "$out/gpu_tests.log"
+    timeout 120 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -15
+    ;;
+esac

@@ -1,0 +1,60 @@
+"""Ship a tuning database: the best records of each workload of DB into schedules/<gpu>-<arch>/,
+with specs.txt and a README (workloads, trials, date, TVM version).
+
+Run where the database was tuned (the GPU machine):  python3 bench/ship_schedules.py DB [--top 3]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from tvm_b2b.op import FusedConvSpec  # noqa: E402
+from tvm_b2b.schedule.cuda_wmma import workload  # noqa: E402
+from tvm_b2b.target import local_cuda_arch, parse_target  # noqa: E402
+from tvm_b2b.tune import database  # noqa: E402
+from tvm_b2b.tune.space import config_of  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("db", help="the tuning database (tvm-b2b tune --db)")
+    parser.add_argument("--top", type=int, default=3, help="records kept per workload")
+    parser.add_argument("--out", help="destination (default schedules/<local gpu>-<arch>)")
+    args = parser.parse_args()
+    import tvm
+
+    arch = local_cuda_arch()
+    out = args.out or os.path.join(database.schedules_root(), database.database_name(database.local_gpu_name(), arch))
+    tmp = out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept = database.prune(args.db, tmp, args.top)
+    source = database.TuningDatabase(args.db)
+    specs = [FusedConvSpec.parse(s) for s in open(os.path.join(args.db, "specs.txt")).read().split()]
+    target = parse_target("cuda")
+    rows = []
+    for spec in specs:
+        mod = workload(spec)
+        best = database.best_record(source, mod, target)
+        if best is not None:
+            us = sum(float(s) for s in best.run_secs) / len(best.run_secs) * 1e6
+            rows.append(f"| `{spec.to_string()}` | {len(source.records_for(mod))} | {us:.1f} | `{config_of(best.trace).to_string()}` |")
+    database.record_specs(tmp, [s for s in specs if database.best_record(source, workload(s), target)])
+    with open(os.path.join(tmp, "README.md"), "w") as f:
+        f.write(f"# Tuned schedules: {database.local_gpu_name()} ({arch})\n\n"
+                f"MetaSchedule JSON database (stock `ms.database.JSONDatabase` reads it), the {args.top} best records "
+                f"per workload, {kept} in all. Tuned {datetime.date.today()} with TVM {tvm.__version__} by "
+                f"`tvm-b2b tune` (XGBoost cost model, evolutionary search); times are MetaSchedule's runner "
+                f"(mean of 3 x 20 runs).\n\n| spec | trials | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    print(f"shipped {kept} records of {len(rows)} workloads to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

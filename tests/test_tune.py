@@ -1,0 +1,182 @@
+"""Tuning on the CPU machine: the design space builds, the database round-trips, survives an
+interrupted write, rejects a corrupted file, and never applies a record to another workload or
+arch. Tuning itself (measuring) is a GPU test."""
+import subprocess
+import sys
+
+import pytest
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir import Schedule
+
+from cuda_source import kernels, nvcc_arches, nvcc_compile
+from tvm_b2b import FusedConvSpec, build
+from tvm_b2b.kernel import compile_module, resolve_config
+from tvm_b2b.schedule import cuda_wmma
+from tvm_b2b.target import parse_target
+from tvm_b2b.tune import database, space
+
+SPEC = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=128, residual=True, dtype="float16")
+OTHER = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=64, dtype="float16")
+
+
+def _draws(spec, target, count, seed=1):
+    """Random draws of the design space that pass its postprocessors (as the search makes them)."""
+    mod = cuda_wmma.workload(spec)
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=space.design_space(spec, 90),
+                         search_strategy=ms.search_strategy.ReplayTrace(), task_name="t")
+    traces = [s.trace for s in ctx.generate_design_space()]
+    postprocs = ctx.space_generator.postprocs
+    for p in postprocs:
+        p._initialize_with_tune_context(ctx)
+    found, attempt = [], seed
+    while len(found) < count and attempt < seed + 200:
+        sch = Schedule(mod, seed=attempt)
+        attempt += 1
+        trace = traces[attempt % len(traces)]
+        try:
+            trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *a: None)
+        except Exception:  # noqa: BLE001 -- a draw the schedule cannot take, as in the search
+            continue
+        if all(p.apply(sch) for p in postprocs):
+            found.append(sch)
+    return found
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_space_draws_build(arch, tmp_path):
+    target = parse_target(f"cuda:{arch}")
+    draws = _draws(SPEC, target, 3)
+    assert len(draws) == 3
+    configs = {space.config_of(s.trace) for s in draws}
+    assert len(configs) > 1, "the draws should differ"
+    assert {c.pipeline for c in configs} == {0, 1}, "both design spaces (pipelined or not) are drawn"
+    for i, sch in enumerate(draws):
+        cuda_wmma.check_config(SPEC, space.config_of(sch.trace))
+        source = compile_module(sch.mod, target).mod.imports[0].inspect_source()
+        assert len(kernels(source)) == 1 and "wmma::mma_sync" in source
+        if arch in nvcc_arches() and i == 0:
+            nvcc_compile(source, arch, tmp_path)
+
+
+def _record(db, spec, target, cfg, secs):
+    mod = cuda_wmma.workload(spec)
+    sch = Schedule(mod)
+    cuda_wmma.WmmaFusedSchedule(sch, spec, cfg, 90).run()
+    workload = db.commit_workload(mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [secs], target, args))
+
+
+FAST = cuda_wmma.WmmaConfig(m_tile=32, warps_m=1, warps_n=4, k_tile=64, n1_tile=64, n2_tile=128)
+SLOW = cuda_wmma.WmmaConfig(m_tile=32)
+
+
+@pytest.fixture
+def tuned_dir(tmp_path):
+    target = parse_target("cuda:sm_90")
+    db = database.TuningDatabase(tmp_path / "db")
+    _record(db, SPEC, target, SLOW, 9e-5)  # the run times are test values, not measurements
+    _record(db, SPEC, target, FAST, 3e-5)
+    return tmp_path / "db"
+
+
+def test_database_round_trip(tuned_dir):
+    target = parse_target("cuda:sm_90")
+    db = database.TuningDatabase(tuned_dir)
+    mod = cuda_wmma.workload(SPEC)
+    assert len(db.records_for(mod)) == 2
+    assert space.config_of(database.best_record(db, mod, target).trace) == FAST
+    stock = ms.database.JSONDatabase(str(tuned_dir / database.WORKLOADS), str(tuned_dir / database.RECORDS))
+    assert len(stock) == 2  # stock MetaSchedule reads the same files
+    assert resolve_config(SPEC, target, True, None, tuned_dir) == FAST
+    assert "__launch_bounds__(128)" in build(SPEC, target, db=tuned_dir).source()  # FAST: 1 x 4 warps
+    assert "__launch_bounds__(128)" in build(SPEC, target, db=None).source()
+
+
+def test_records_apply_only_to_their_workload_and_arch(tuned_dir):
+    assert resolve_config(OTHER, parse_target("cuda:sm_90"), True, None, tuned_dir) is None
+    assert resolve_config(SPEC, parse_target("cuda:sm_80"), True, None, tuned_dir) is None
+    assert resolve_config(SPEC, parse_target("cuda:sm_90"), False, None, tuned_dir) is None  # unfused: defaults
+
+
+def test_interrupted_write_loses_no_finished_record(tuned_dir):
+    records = tuned_dir / database.RECORDS
+    whole = records.read_bytes()
+    records.write_bytes(whole + whole.splitlines(keepends=True)[0][:57])  # a third record cut short
+    db = database.TuningDatabase(tuned_dir)
+    assert len(db.records_for(cuda_wmma.workload(SPEC))) == 2
+    assert records.read_bytes() == whole  # the torn tail is gone, the rest untouched
+    _record(db, SPEC, parse_target("cuda:sm_90"), SLOW, 8e-5)  # tuning resumes: appends after it
+    assert len(database.TuningDatabase(tuned_dir).records_for(cuda_wmma.workload(SPEC))) == 3
+
+
+@pytest.mark.parametrize("bad", [b"{not json\n", b'[0, ["trace?"]]\n'])
+def test_corrupted_database_is_a_one_line_error(tuned_dir, bad):
+    records = tuned_dir / database.RECORDS
+    lines = records.read_bytes().splitlines(keepends=True)
+    records.write_bytes(lines[0] + bad + lines[1])
+    with pytest.raises(ValueError, match=f"{database.RECORDS}: line 2 is not"):
+        database.TuningDatabase(tuned_dir)
+    cli = subprocess.run([sys.executable, "-m", "tvm_b2b", "op", "--spec", SPEC.to_string(), "--target", "cuda:sm_90",
+                          "--db", str(tuned_dir)], capture_output=True, text=True)
+    assert cli.returncode == 2
+    assert cli.stderr.count("\n") == 1 and "line 2 is not" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_missing_db_dir_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="is not a directory"):
+        build(SPEC, "cuda:sm_90", db=tmp_path / "nope")
+
+
+def test_shipped_databases_are_found_by_arch(monkeypatch, tmp_path):
+    (tmp_path / "nvidia-h200-sm_90").mkdir()
+    monkeypatch.setenv("TVM_B2B_SCHEDULES", str(tmp_path))
+    assert database.find_database(parse_target("cuda:sm_90")).name == "nvidia-h200-sm_90"
+    assert database.find_database(parse_target("cuda:sm_80")) is None
+    (tmp_path / "nvidia-h100-sm_90").mkdir()
+    assert database.find_database(parse_target("cuda:sm_90")) is None  # two GPUs of that arch, none here
+
+
+def _tune_cli(db, trials):
+    cmd = [sys.executable, "-m", "tvm_b2b", "tune", "--spec", SPEC.to_string(), "--target", "cuda",
+           "--trials", str(trials), "--db", str(db)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.gpu
+def test_tune_measures_resumes_and_build_uses_the_record(tmp_path):
+    from tvm_b2b.op import compare, random_inputs, reference
+
+    first = _tune_cli(tmp_path / "db", 4)
+    assert "4 trials (4 new)" in first and "best " in first and "trials, best" in first  # progress lines
+    second = _tune_cli(tmp_path / "db", 8)
+    assert "8 trials (4 new)" in second
+    target = parse_target("cuda")
+    config = resolve_config(SPEC, target, True, None, tmp_path / "db")
+    assert config is not None
+    inputs = random_inputs(SPEC, seed=11)
+    err, ok = compare(SPEC, build(SPEC, target, db=tmp_path / "db")(**inputs), reference(SPEC, **inputs))
+    assert ok, f"tuned {config}: max abs error {err}"
+
+
+@pytest.mark.gpu
+def test_shipped_database_records_are_correct():
+    """Every spec the local GPU's shipped database holds builds from it and matches numpy."""
+    from tvm_b2b.op import compare, random_inputs, reference
+
+    target = parse_target("cuda")
+    directory = database.find_database(target)
+    if directory is None:
+        pytest.skip(f"no shipped database for this GPU ({database.local_gpu_name()})")
+    specs = [FusedConvSpec.parse(line) for line in (directory / "specs.txt").read_text().split()]
+    checked = 0
+    for spec in specs:
+        if resolve_config(spec, target, True, None, directory) is None:
+            continue
+        inputs = random_inputs(spec, seed=13)
+        err, ok = compare(spec, build(spec, target, db=directory)(**inputs), reference(spec, **inputs))
+        assert ok, f"{spec.to_string()} tuned: max abs error {err}"
+        checked += 1
+    assert checked > 0

@@ -1,0 +1,231 @@
+"""MetaSchedule's JSON database (the two files stock TVM reads: database_workload.json and
+database_tuning_record.json), with whole-line atomic appends, and the lookup of a tuned schedule.
+
+Every commit appends its whole line with one write() and an fsync, so interrupting a tuning run at
+any moment loses no finished record. A line cut short by a crash can only be the file's last one;
+it is dropped on open (with a warning). Any other unreadable line is a one-line error naming the
+file and line.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from tvm.s_tir import meta_schedule as ms
+from tvm.ir.utils import derived_object
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = "database_workload.json"
+RECORDS = "database_tuning_record.json"
+
+
+def _append_line(path: Path, obj) -> None:
+    data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:  # one write() in practice; the loop only guards a short write
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _key(mod) -> int:
+    import tvm_ffi
+
+    return tvm_ffi.structural_hash(mod)
+
+
+def _read_lines(path: Path) -> list:
+    """The JSON objects of a database file, or ValueError naming the file and the bad line."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines:  # no final newline: an append cut short, the one place a crash can tear a line
+        log.warning("%s: dropping its last line, cut short by an interrupted write", path)
+        path.write_bytes(raw[: len(raw) - len(lines.pop())])
+    objs = []
+    for number, line in enumerate(lines, 1):
+        try:
+            objs.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path}: line {number} is not JSON (corrupted tuning database?)") from None
+    return objs
+
+
+@derived_object
+class TuningDatabase(ms.database.PyDatabase):
+    """A MetaSchedule database kept in DIR as the stock JSON files (ms.database.JSONDatabase opens
+    them too), queried in memory."""
+
+    def __init__(self, directory):
+        super().__init__()
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.mem = ms.database.MemoryDatabase()
+        self.workload_index: dict = {}  # structural hash -> line in the workload file
+        self._load()
+
+    def _load(self):
+        # records name the tensor intrinsics they tensorize with: register them before parsing
+        import tvm.s_tir.tensor_intrin.cuda  # noqa: F401  (slow import: only where a database is read)
+
+        workloads = []
+        for number, obj in enumerate(_read_lines(self.dir / WORKLOADS), 1):
+            try:
+                mod = ms.database.Workload.from_json(obj).mod
+            except Exception:  # noqa: BLE001 -- any parse failure means the same to the user
+                raise ValueError(f"{self.dir / WORKLOADS}: line {number} is not a workload (corrupted tuning database?)") from None
+            workloads.append(self.mem.commit_workload(mod))
+            self.workload_index[_key(mod)] = number - 1
+        for number, obj in enumerate(_read_lines(self.dir / RECORDS), 1):
+            try:
+                index, record = obj
+                self.mem.commit_tuning_record(ms.database.TuningRecord.from_json(record, workloads[index]))
+            except Exception:  # noqa: BLE001
+                raise ValueError(f"{self.dir / RECORDS}: line {number} is not a tuning record (corrupted tuning database?)") from None
+
+    # -- the PyDatabase interface ------------------------------------------------------------
+    def has_workload(self, mod) -> bool:
+        return self.mem.has_workload(mod)
+
+    def commit_workload(self, mod):
+        known = self.mem.has_workload(mod)
+        workload = self.mem.commit_workload(mod)
+        if not known:
+            _append_line(self.dir / WORKLOADS, workload.as_json())
+            self.workload_index[_key(mod)] = len(self.workload_index)
+        return workload
+
+    def commit_tuning_record(self, record) -> None:
+        index = self.workload_index[_key(record.workload.mod)]
+        _append_line(self.dir / RECORDS, [index, record.as_json()])
+        self.mem.commit_tuning_record(record)
+
+    def get_top_k(self, workload, top_k: int):
+        return self.mem.get_top_k(workload, top_k)
+
+    def get_all_tuning_records(self):
+        return self.mem.get_all_tuning_records()
+
+    def __len__(self) -> int:
+        return len(self.mem)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def records_for(self, mod) -> list:
+        """Every record (valid or not) of this workload."""
+        if not self.has_workload(mod):
+            return []
+        key = _key(mod)
+        return [r for r in self.get_all_tuning_records() if _key(r.workload.mod) == key]
+
+
+# -- which database, which record -------------------------------------------------------------
+def schedules_root() -> Path:
+    """Where the shipped databases live: $TVM_B2B_SCHEDULES, else the checkout's schedules/."""
+    return Path(os.environ.get("TVM_B2B_SCHEDULES", Path(__file__).resolve().parents[2] / "schedules"))
+
+
+def gpu_slug(device_name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+
+
+def database_name(device_name: str, arch: str) -> str:
+    return f"{gpu_slug(device_name)}-{arch}"
+
+
+def local_gpu_name() -> str | None:
+    import tvm
+
+    dev = tvm.cuda(0)
+    return dev.device_name if dev.exist else None
+
+
+def find_database(target) -> Path | None:
+    """The shipped database for `target`: the local GPU's when this machine has one (another GPU's
+    records are never used, even of the same arch); when cross-building with no GPU here, the one
+    database of the target's arch, if exactly one exists."""
+    if target.kind.name != "cuda":
+        return None
+    arch = str(target.attrs.get("arch", ""))
+    root = schedules_root()
+    local = local_gpu_name()
+    if local:
+        path = root / database_name(local, arch)
+        return path if path.is_dir() else None
+    found = sorted(p for p in root.glob(f"*-{arch}") if p.is_dir()) if root.is_dir() else []
+    if len(found) > 1:
+        log.info("no GPU here and %d databases for %s (%s): using none", len(found), arch, ", ".join(p.name for p in found))
+    return found[0] if len(found) == 1 else None
+
+
+def best_record(database: TuningDatabase, mod, target):
+    """The fastest valid record of this workload measured on the target's arch, or None."""
+    if not database.has_workload(mod):
+        return None
+    arch = str(target.attrs.get("arch", ""))
+    for record in database.get_top_k(database.commit_workload(mod), 64):
+        if str(record.target.attrs.get("arch", "")) == arch:
+            return record
+    return None
+
+
+def record_specs(directory, specs) -> None:
+    """Adds the specs to DIR/specs.txt (what the database was tuned for; written atomically)."""
+    path = Path(directory) / "specs.txt"
+    known = path.read_text().split() if path.exists() else []
+    lines = list(dict.fromkeys(known + [s.to_string() for s in specs]))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+
+
+def prune(source, destination, top: int = 3) -> int:
+    """Copies the `top` fastest valid records of each workload of `source` into a new database
+    at `destination` (what ships in schedules/); returns how many."""
+    src, dst = TuningDatabase(source), TuningDatabase(destination)
+    seen, count = set(), 0
+    for record in src.get_all_tuning_records():
+        key = _key(record.workload.mod)
+        if key in seen:
+            continue
+        seen.add(key)
+        workload = dst.commit_workload(record.workload.mod)
+        for best in src.get_top_k(src.commit_workload(record.workload.mod), top):
+            dst.commit_tuning_record(ms.database.TuningRecord(best.trace, workload, best.run_secs, best.target, best.args_info))
+            count += 1
+    return count
+
+
+_OPENED: dict[tuple, TuningDatabase] = {}
+
+
+def open_database(directory) -> TuningDatabase:
+    """A TuningDatabase, reused while its files are unchanged; ValueError when DIR is missing."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise ValueError(f"db: {path} is not a directory (a tuning database is a directory)")
+    stamp = tuple((path / f).stat().st_mtime_ns if (path / f).exists() else 0 for f in (WORKLOADS, RECORDS))
+    key = (str(path.resolve()), stamp)
+    if key not in _OPENED:
+        _OPENED[key] = TuningDatabase(path)
+    return _OPENED[key]
+
+
+def tuned_config(spec, target, directory):
+    """The config of the best record in `directory` for this spec on the target's arch, or None.
+    Records are keyed on the spec's workload (structural equality), so a record of another shape
+    or GPU arch is never applied."""
+    from ..schedule import cuda_wmma
+    from .space import config_of
+
+    record = best_record(open_database(directory), cuda_wmma.workload(spec), target)
+    return config_of(record.trace) if record is not None else None

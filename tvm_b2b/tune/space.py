@@ -1,0 +1,95 @@
+"""The fused op's MetaSchedule design space: the CUDA schedule with its knobs
+(schedule.cuda_wmma.KNOBS) left to sample_categorical, pipelined or not, a mutator that re-draws
+one knob, and a postprocessor that drops draws the spec or the GPU's shared memory cannot take."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from tvm.s_tir import meta_schedule as ms
+from tvm.ir.utils import derived_object
+
+from ..op.spec import FusedConvSpec
+from ..schedule import cuda_wmma
+from ..target import max_shared_bytes
+
+
+@derived_object
+class MutateKnob(ms.mutator.PyMutator):
+    """Re-draws one sampled knob of a trace (stock mutators only touch the categorical samples of
+    thread bindings and unrolling)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, trace, _rand_state):
+        samples = [inst for inst in trace.insts if inst.kind.name == "SampleCategorical"]
+        if not samples:
+            return None
+        inst = self.rng.choice(samples)
+        count = len(inst.attrs[0])
+        old = int(trace.decisions[inst])
+        choices = [i for i in range(count) if i != old]
+        if not choices:
+            return None
+        return trace.with_decision(inst, self.rng.choice(choices), remove_postproc=True)
+
+    def clone(self):
+        return MutateKnob(self.rng.randrange(1 << 30))
+
+
+@derived_object
+class FitsTemplate(ms.postproc.PyPostproc):
+    """Rejects a candidate whose tiles do not divide the spec's padded extents (such a draw can
+    replay, the splits adding predicates, but only wastes a measurement) or whose shared memory
+    exceeds the arch's. (Stock VerifyGPUCode rejects every pipelined candidate: its own lowering
+    lacks the cp.async pass.)"""
+
+    def __init__(self, spec: FusedConvSpec, arch: int):
+        super().__init__()
+        self.spec, self.arch = spec, arch
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch) -> bool:
+        try:
+            cfg = cuda_wmma.check_config(self.spec, config_of(sch.trace))
+        except ValueError:
+            return False
+        return cuda_wmma.shared_bytes(self.spec, cfg) <= max_shared_bytes(self.arch)
+
+    def clone(self):
+        return FitsTemplate(self.spec, self.arch)
+
+
+def design_space(spec: FusedConvSpec, arch: int):
+    """The space: two traces, operand loads pipelined or not, whose knobs start at the default
+    config (a space must produce valid schedules) and are re-drawn by the search; draws that do
+    not tile the spec fail in replay or in TilesDivide and are skipped."""
+
+    def schedule_fn(sch):
+        spaces = []
+        for pipeline in (0, 1):
+            cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline)
+            spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
+        return spaces
+
+    return ms.space_generator.ScheduleFn(
+        schedule_fn, sch_rules=[], postprocs=[FitsTemplate(spec, arch)], mutator_probs={MutateKnob(): 1.0},
+    )
+
+
+def config_of(trace) -> cuda_wmma.WmmaConfig:
+    """The WmmaConfig a trace of this space chose (its knobs are sampled in KNOBS order)."""
+    samples = [inst for inst in trace.insts if inst.kind.name == "SampleCategorical"]
+    knobs = {}
+    for (name, candidates), inst in zip(cuda_wmma.KNOBS.items(), samples):
+        knobs[name] = candidates[int(trace.decisions[inst])]
+    pipelined = any(inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)
+                    for inst in trace.insts)
+    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=int(pipelined))

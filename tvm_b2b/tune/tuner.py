@@ -1,0 +1,101 @@
+"""Tune the fused op for one GPU: MetaSchedule's evolutionary search with the XGBoost cost model
+over tvm_b2b.tune.space, records in a TuningDatabase. Resumable: `trials` is the total per
+workload, and a rerun only measures what the database does not hold yet."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from tvm.s_tir import meta_schedule as ms
+from tvm.ir.utils import derived_object
+
+from ..op.spec import FusedConvSpec
+from ..schedule import cuda_wmma
+from ..target import cuda_arch_number
+from .database import TuningDatabase, best_record
+from .space import config_of, design_space
+
+
+def build_candidate(mod, target, _params=None):
+    """The builder's build function (kernel.compile_module, with its TVM 0.27 workaround)."""
+    from ..kernel import compile_module
+
+    return compile_module(mod, target).mod
+
+
+@dataclass
+class Progress:
+    """Prints one line per measured batch: a bar, trials, best time so far, time left."""
+
+    label: str
+    total: int
+    done: int
+    best_us: float | None
+    started: float = 0.0
+    measured: int = 0
+    out = print
+
+    def update(self, batch_us: list[float | None]):
+        self.measured += len(batch_us)
+        self.done += len(batch_us)
+        valid = [us for us in batch_us if us is not None]
+        if valid:
+            self.best_us = min(valid + ([self.best_us] if self.best_us else []))
+        elapsed = time.perf_counter() - self.started
+        left = elapsed / self.measured * max(self.total - self.done, 0)
+        filled = int(20 * min(self.done, self.total) / self.total)
+        best = f"{self.best_us:.1f} us" if self.best_us else "none valid yet"
+        self.out(f"{self.label} [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} trials, "
+                 f"best {best}, {elapsed:.0f} s elapsed, ~{left:.0f} s left", flush=True)
+
+
+@derived_object
+class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self.progress = progress
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        batch = []
+        for result in runner_results:
+            secs = [float(s) for s in (result.run_secs or [])]
+            batch.append(sum(secs) / len(secs) * 1e6 if secs and not result.error_msg else None)
+        self.progress.update(batch)
+
+
+def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int, *, work_dir: str,
+              label: str = "", deadline: float | None = None, round_trials: int = 16, out=print) -> dict:
+    """Tune one spec until the database holds `trials` records of it (or the deadline passes).
+    Returns what happened: trials before/after, best µs and its config."""
+    mod = cuda_wmma.workload(spec)
+    before = len(database.records_for(mod))
+    best = best_record(database, mod, target)
+    progress = Progress(label or spec.to_string(), trials, before,
+                        _mean_us(best) if best else None, started=time.perf_counter())
+    progress.out = out
+    cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)
+    while progress.done < trials and (deadline is None or time.time() < deadline):
+        batch, round_start = min(round_trials, trials - progress.done), progress.done
+        ms.tune_tir(
+            mod, target, work_dir, max_trials_global=batch, num_trials_per_iter=batch,
+            space=design_space(spec, cuda_arch_number(target)), database=database, cost_model=cost_model,
+            strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
+            builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300),
+            runner=ms.runner.LocalRunner(timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
+                number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)),
+            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), ProgressCallback(progress)],
+            task_scheduler="round-robin",
+        )
+        progress.done = len(database.records_for(mod))
+        if progress.done <= round_start:
+            break  # the search found nothing new to measure: the space is exhausted
+    best = best_record(database, mod, target)
+    return {
+        "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
+        "best_us": _mean_us(best) if best else None, "config": config_of(best.trace).to_string() if best else None,
+    }
+
+
+def _mean_us(record) -> float:
+    secs = [float(s) for s in record.run_secs]
+    return sum(secs) / len(secs) * 1e6
