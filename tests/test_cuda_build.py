@@ -8,7 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuda_source import kernels, nvcc_arches, nvcc_compile
+import tvm
 from tvm_b2b import FusedConvSpec, build
+from tvm_b2b.kernel import compile_module
+from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs
+from tvm_b2b.target import parse_target
 
 ARCHES = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
 SPECS = [
@@ -72,8 +76,14 @@ def test_config_reaches_the_schedule():
 
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
 def test_pipelined_config_builds(arch, local_arches, tmp_path):
-    """pipeline=1 double-buffers the operand tiles; from sm_80 on the loads are cp.async."""
-    source = build(SPECS[1], f"cuda:{arch}", config="pipeline=1,m_tile=32", db=None).source()
+    """pipeline=1 double-buffers the operand tiles; from sm_80 on the loads are cp.async. (It needs
+    the StorageRewrite workaround, so build() refuses it without the GPU to check it on.)"""
+    target = parse_target(f"cuda:{arch}")
+    with pytest.raises(ValueError, match="must be checked on the GPU"):
+        build(SPECS[1], target, config="pipeline=1,m_tile=32", db=None)
+    funcs = scheduled_funcs(SPECS[1], target, True, WmmaConfig.parse("pipeline=1,m_tile=32")).funcs
+    executable, workaround = compile_module(tvm.IRModule({"main": funcs[0]}), target)
+    source = executable.mod.imports[0].inspect_source()
     assert len(kernels(source)) == 1
     assert ("cp.async" in source) == (arch != "sm_75")
     if arch in local_arches:

@@ -52,7 +52,7 @@ def test_space_draws_build(arch, tmp_path):
     assert {c.pipeline for c in configs} == {0, 1}, "both design spaces (pipelined or not) are drawn"
     for i, sch in enumerate(draws):
         cuda_wmma.check_config(SPEC, space.config_of(sch.trace))
-        source = compile_module(sch.mod, target).mod.imports[0].inspect_source()
+        source = compile_module(sch.mod, target)[0].mod.imports[0].inspect_source()
         assert len(kernels(source)) == 1 and "wmma::mma_sync" in source
         if arch in nvcc_arches() and i == 0:
             nvcc_compile(source, arch, tmp_path)

@@ -106,10 +106,11 @@ def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, d
     if not isinstance(spec, FusedConvSpec):
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
     target = parse_target(target)
+    given = config
     config = resolve_config(spec, target, fused, config, db)
     key = (spec, str(target), fused, str(config))
     if key not in _BUILT:
-        _BUILT[key] = _compile(spec, target, fused, config)
+        _BUILT[key] = _compile(spec, target, fused, config, trusted=given is None and config is not None)
     return _BUILT[key]
 
 
@@ -134,11 +135,16 @@ def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="au
 _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
 
 
+WORKAROUND_NOTE = "TVM 0.27's StorageRewrite bug"
+
+
 def compile_module(mod, target):
-    """tvm.compile, working around a TVM 0.27 bug: for some tile shapes StorageRewrite leaves a
-    shared-memory access pointer whose element type differs from its buffer's, and LowerIntrin
-    rejects it ("tvm_access_ptr element type must match the source buffer"). Those modules
-    build correctly with StorageRewrite off (it only reuses memory)."""
+    """(tvm.compile(mod), whether it needed the workaround). TVM 0.27 bug: for some tile shapes
+    StorageRewrite leaves a shared-memory access pointer whose element type differs from its
+    buffer's, and LowerIntrin rejects it ("tvm_access_ptr element type must match the source
+    buffer"). Those modules build with StorageRewrite off, but some such kernels then compute
+    WRONG results (seen on the H200: merged dynamic shared memory overlaps live buffers), so a
+    caller must check them on the GPU before use (see build; the tuner checks every candidate)."""
     import tvm
 
     from .target import cuda_arch_number
@@ -147,15 +153,36 @@ def compile_module(mod, target):
     config = {"tirx.use_async_copy": True} if cuda_arch_number(target) >= 80 else {}
     try:
         with tvm.transform.PassContext(config=config):
-            return tvm.compile(mod, target=target)
+            return tvm.compile(mod, target=target), False
     except tvm.error.InternalError as err:
         if "tvm_access_ptr element type must match" not in str(err):
             raise
     with tvm.transform.PassContext(config={**config, "tirx.disable_storage_rewrite": True}):
-        return tvm.compile(mod, target=target)
+        return tvm.compile(mod, target=target), True
 
 
-def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
+def _verify_workaround_build(kernel: "FusedKernel", config) -> None:
+    """A kernel built with the workaround is used only once the GPU shows it right."""
+    from .op.reference import compare, random_inputs, reference
+    from .target import local_cuda_arch
+
+    try:
+        here = local_cuda_arch()
+    except ValueError:
+        here = None
+    if here != str(kernel.target.attrs.get("arch")):
+        raise ValueError(f"config: {config} needs a workaround for {WORKAROUND_NOTE} whose kernels must be "
+                         f"checked on the GPU they target before use (tuned records were); build it on that GPU, "
+                         f"or choose another config")
+    inputs = random_inputs(kernel.spec, seed=1)
+    err, ok = compare(kernel.spec, kernel(**inputs), reference(kernel.spec, **inputs))
+    if not ok:
+        raise ValueError(f"config: {config} computes wrong results (max abs error {err:.3g}) under the workaround "
+                         f"for {WORKAROUND_NOTE}; choose another config")
+
+
+def _compile(spec: FusedConvSpec, target, fused: bool, config, trusted: bool) -> FusedKernel:
+    """trusted: the config comes from a tuning record (checked on its GPU when tuned)."""
     import tvm
 
     from .schedule import scheduled_funcs
@@ -164,5 +191,8 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     # (config already resolved against the tuning database by build)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    executable = compile_module(mod, target)
-    return FusedKernel(spec, target, executable, names, kernels.mid_shape)
+    executable, workaround = compile_module(mod, target)
+    kernel = FusedKernel(spec, target, executable, names, kernels.mid_shape)
+    if workaround and not trusted:
+        _verify_workaround_build(kernel, config)
+    return kernel

@@ -52,11 +52,12 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults)."""
     import tvm
 
+    from ..kernel import compile_module
     from .rewrite import fuse_pairs
 
     mod, pairs, model = analyze(path, target, fuse, dtype, db)
     mod, _ = fuse_pairs(mod, target, pairs)
-    executable = tvm.compile(mod, target=target)
+    executable, _ = compile_module(mod, target)  # fused kernels: defaults, or tuned records checked on their GPU
     executable.export_library(out)
     inputs, outputs = onnx_signature(model)
     meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",

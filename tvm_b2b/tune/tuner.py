@@ -20,7 +20,50 @@ def build_candidate(mod, target, _params=None):
     """The builder's build function (kernel.compile_module, with its TVM 0.27 workaround)."""
     from ..kernel import compile_module
 
-    return compile_module(mod, target).mod
+    return compile_module(mod, target)[0].mod
+
+
+class CheckedRun:
+    """The runner's argument allocation and evaluation: every candidate first runs on real inputs
+    and is compared with the numpy reference; a wrong result is a failed measurement (so no
+    tuning record of a wrong kernel is ever valid). Pickled into the runner's worker."""
+
+    _cache: dict = {}
+
+    def __init__(self, spec: FusedConvSpec, seed: int = 0):
+        self.spec, self.seed = spec, seed
+
+    def _data(self):
+        from ..op.reference import random_inputs, reference
+
+        key = (self.spec, self.seed)
+        if key not in CheckedRun._cache:
+            inputs = random_inputs(self.spec, seed=self.seed)
+            CheckedRun._cache.clear()
+            CheckedRun._cache[key] = (inputs, reference(self.spec, **inputs))
+        return CheckedRun._cache[key]
+
+    def alloc(self, device, _args_info, alloc_repeat: int):
+        import tvm
+
+        spec, (inputs, _) = self.spec, self._data()
+        arrays = [a.reshape(spec.m, spec.k2) if k == "residual" else a for k, a in inputs.items()]
+        args = [tvm.runtime.tensor(a, device) for a in arrays] + [tvm.runtime.empty((spec.m, spec.k2), spec.dtype, device)]
+        return [args] * alloc_repeat
+
+    def evaluate(self, rt_mod, device, evaluator_config, repeated_args):
+        from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
+
+        from ..op.reference import compare
+
+        spec, (_, want) = self.spec, self._data()
+        args = repeated_args[0]
+        rt_mod[rt_mod.entry_name](*args)
+        device.sync()
+        err, ok = compare(spec, args[-1].numpy().reshape(spec.out_shape), want)
+        if not ok:
+            raise RuntimeError(f"wrong result: max abs error {err:.3g} vs the numpy reference")
+        return run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
 
 
 @dataclass
@@ -33,6 +76,7 @@ class Progress:
     best_us: float | None
     started: float = 0.0
     measured: int = 0
+    wrong: int = 0  # candidates whose output did not match the reference (rejected)
     out = print
 
     def update(self, batch_us: list[float | None]):
@@ -46,7 +90,8 @@ class Progress:
         filled = int(20 * min(self.done, self.total) / self.total)
         best = f"{self.best_us:.1f} us" if self.best_us else "none valid yet"
         self.out(f"{self.label} [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} trials, "
-                 f"best {best}, {elapsed:.0f} s elapsed, ~{left:.0f} s left", flush=True)
+                 f"best {best}, {elapsed:.0f} s elapsed, ~{left:.0f} s left"
+                 + (f" ({self.wrong} wrong-result candidates rejected)" if self.wrong else ""), flush=True)
 
 
 @derived_object
@@ -57,6 +102,7 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         batch = []
+        self.progress.wrong += sum("wrong result" in (r.error_msg or "") for r in runner_results)
         for result in runner_results:
             secs = [float(s) for s in (result.run_secs or [])]
             batch.append(sum(secs) / len(secs) * 1e6 if secs and not result.error_msg else None)
@@ -73,6 +119,7 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
     progress = Progress(label or spec.to_string(), trials, before,
                         _mean_us(best) if best else None, started=time.perf_counter())
     progress.out = out
+    checked = CheckedRun(spec)
     cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)
     while progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
@@ -81,8 +128,9 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
             space=design_space(spec, cuda_arch_number(target)), database=database, cost_model=cost_model,
             strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
             builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300),
-            runner=ms.runner.LocalRunner(timeout_sec=60, evaluator_config=ms.runner.EvaluatorConfig(
-                number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)),
+            runner=ms.runner.LocalRunner(
+                timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
+                evaluator_config=ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)),
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), ProgressCallback(progress)],
             task_scheduler="round-robin",
         )
