@@ -11,7 +11,7 @@ quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Tota
 case "$1" in
   tune)
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-    timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_kernel.py -k "configs or refused" \
+    timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_kernel.py -k "configs or refused or tune_measures" \
       tests/test_tune.py 2>&1 | tail -25 | tee "$out/gpu_tests_configs_tune.log"
     specs=$(python3 bench/bench_fused.py --list | sed 's/^/--spec /')
     timeout $(( ${2:-5} * 60 + 90 )) python3 -m tvm_b2b tune $specs --target cuda --trials 16 --db .tune/db \
