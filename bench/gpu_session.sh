@@ -4,6 +4,7 @@
 #   bash bench/gpu_session.sh tune MINUTES   GPU tests of configs/tuning, then tune every bench case
 #                                            (resumes .tune/db), copy the database out
 #   bash bench/gpu_session.sh bench          all GPU tests, benchmarks (default vs tuned), model bench
+#   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out="${OUT:-bench/results/session}"; mkdir -p "$out" .tune
@@ -24,5 +25,9 @@ case "$1" in
       --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
     timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests -k "not tune_measures and not configs" 2>&1 | tail -25 | tee "$out/gpu_tests.log"
     timeout 120 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -15
+    ;;
+  model)
+    timeout 130 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -8
+    timeout 260 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_frontend.py tests/test_tune.py 2>&1 | tail -15 | tee "$out/gpu_tests_frontend_tune.log"
     ;;
 esac

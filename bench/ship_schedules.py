@@ -49,7 +49,7 @@ def main() -> int:
                 f"MetaSchedule JSON database (stock `ms.database.JSONDatabase` reads it), the {args.top} best records "
                 f"per workload, {kept} in all. Tuned {datetime.date.today()} with TVM {tvm.__version__} by "
                 f"`tvm-b2b tune` (XGBoost cost model, evolutionary search); times are MetaSchedule's runner "
-                f"(mean of 3 x 20 runs).\n\n| spec | trials | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+                f"(mean of 3 x 20 runs). Specs not listed build with the default parameters.\n\n| spec | trials | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     print(f"shipped {kept} records of {len(rows)} workloads to {out}")

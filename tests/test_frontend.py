@@ -153,3 +153,20 @@ def test_float16_model_on_gpu_matches_onnxruntime(model_dir, tmp_path):
     pairs = compile_model(str(model_dir / "mini_resnet.onnx"), str(lib), parse_target("cuda"), dtype="float16")
     assert all(p.fused for p in pairs)
     check_against_onnxruntime(model_dir / "mini_resnet.onnx", lib, atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
+    """On CUDA the ResNet-50 body's k1 = 64 pairs fuse; wider ones run as the template's two
+    tensor-core kernels (the fused kernel measured slower there), with the reason in the report."""
+    path = tmp_path / "resnet50_body.onnx"
+    onnx.save(make_models.make("resnet50_body"), path)
+    _, pairs, _ = analyze(str(path), parse_target("cuda:sm_90"), dtype="float16", db=None)
+    assert len(pairs) == 16
+    for p in pairs:
+        report = p.to_json()
+        if p.spec.k1 <= 64:
+            assert report["fused"] and len(p.kernels.funcs) == 1, report
+        else:
+            assert not report["fused"] and len(p.kernels.funcs) == 2, report
+            assert "runs as two tensor-core kernels" in report["reason"]
+    assert sum(p.fused for p in pairs) == 3

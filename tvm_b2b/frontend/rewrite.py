@@ -74,16 +74,32 @@ def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = Tr
         if dtype and dtype != pair.spec.dtype:
             pair.spec = dataclasses.replace(pair.spec, dtype=dtype)
         try:
-            pair.kernels = scheduled_funcs(pair.spec, target, True, resolve_config(pair.spec, target, True, None, db))
+            slower = _fusion_loss_reason(pair.spec, target)
+            config = None if slower else resolve_config(pair.spec, target, True, None, db)
+            pair.kernels = scheduled_funcs(pair.spec, target, not slower, config)
         except ValueError as err:
             pair.fused, pair.reason = False, str(err).removeprefix("target: ")
+            continue
+        if slower:
+            pair.fused, pair.reason = False, f"{slower}; runs as two tensor-core kernels"
+        elif len(pair.kernels.funcs) == 2:
+            pair.fused, pair.reason = False, "too large for shared memory; runs as two tensor-core kernels"
     return pairs
 
 
+def _fusion_loss_reason(spec, target) -> str | None:
+    if target.kind.name != "cuda":
+        return None
+    from ..schedule.cuda_wmma import fusion_loss_reason
+
+    return fusion_loss_reason(spec)
+
+
 def fuse_pairs(mod, target, pairs: list[Pair] | None = None):
-    """mod with every fusable pair replaced by the fused kernel; (module, pairs)."""
+    """mod with every planned pair replaced by its kernels (the fused one, or the template's two
+    where fusing does not pay); (module, pairs)."""
     pairs = plan(mod, target) if pairs is None else pairs
-    fused = [p for p in pairs if p.fused]
+    fused = [p for p in pairs if p.kernels is not None]
     for p in pairs:
         if not p.fused:
             log.info("not fused: %s -> %s: %s", p.conv3x3, p.conv1x1, p.reason)

@@ -154,6 +154,21 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     return mid + acc + e * max(stage1, stage2) * copies
 
 
+FUSION_MAX_K1 = 64
+
+
+def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
+    """Why this template's fused kernel is expected to be slower than its two-kernel form (None
+    when fusing pays). Measured on the H200 (bench/results/fused_h200_tuned_20261202.txt): fused
+    wins at k1 = 64 for every N (1.02-2.0x), loses from k1 = 128 on (0.1-0.9x): each block then
+    runs a long conv1 reduction over all k1 channels alone, where two kernels spread channel
+    chunks over more blocks."""
+    if spec.k1 > FUSION_MAX_K1:
+        return (f"k1={spec.k1} > {FUSION_MAX_K1}: this fused kernel measured slower than two kernels at "
+                f"such widths (H200)")
+    return None
+
+
 def unsupported_reason(spec: FusedConvSpec, arch: int) -> str | None:
     """Why this template cannot run the spec on tensor cores (None when it can)."""
     if arch < 70:
