@@ -180,3 +180,11 @@ def test_shipped_database_records_are_correct():
         assert ok, f"{spec.to_string()} tuned: max abs error {err}"
         checked += 1
     assert checked > 0
+
+
+def test_tune_cli_errors_are_one_line(tmp_path, capsys):
+    from tvm_b2b.cli import main
+
+    assert main(["tune", "--spec", SPEC.to_string(), "--target", "llvm", "--db", str(tmp_path)]) == 2
+    assert "tuning is for CUDA targets" in capsys.readouterr().err
+    assert main(["op", "--spec", OTHER.to_string(), "--target", "llvm", "--no-db"]) == 0
