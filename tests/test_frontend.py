@@ -148,11 +148,13 @@ def test_bad_inputs_are_one_line_errors(model_dir, residual_lib, tmp_path, capsy
 
 
 @pytest.mark.gpu
-def test_float16_model_on_gpu_matches_onnxruntime(model_dir, tmp_path):
-    lib = tmp_path / "mini_resnet_cuda.so"
-    pairs = compile_model(str(model_dir / "mini_resnet.onnx"), str(lib), parse_target("cuda"), dtype="float16")
-    assert all(p.fused for p in pairs)
-    check_against_onnxruntime(model_dir / "mini_resnet.onnx", lib, atol=2e-2, rtol=2e-2)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_float16_model_on_gpu_matches_onnxruntime(model_dir, tmp_path, name):
+    """Every test model on CUDA with --dtype float16 (fused pairs in float16, float32 elsewhere)."""
+    lib = tmp_path / f"{name}_cuda.so"
+    pairs = compile_model(str(model_dir / f"{name}.onnx"), str(lib), parse_target("cuda"), dtype="float16")
+    assert sum(p.fused for p in pairs) == MODELS[name][3], [p.to_json() for p in pairs]
+    check_against_onnxruntime(model_dir / f"{name}.onnx", lib, atol=2e-2, rtol=2e-2)
 
 
 def test_cuda_plan_fuses_where_fusing_pays(tmp_path):

@@ -188,3 +188,18 @@ def test_tune_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["tune", "--spec", SPEC.to_string(), "--target", "llvm", "--db", str(tmp_path)]) == 2
     assert "tuning is for CUDA targets" in capsys.readouterr().err
     assert main(["op", "--spec", OTHER.to_string(), "--target", "llvm", "--no-db"]) == 0
+
+
+def test_shipped_h200_database_is_used_when_cross_building(capsys):
+    """The repo's schedules/nvidia-h200-sm_90 holds a record for this bench spec: a cross-build for
+    sm_90 takes it (256 threads), --no-db the defaults (128)."""
+    from tvm_b2b.cli import main
+
+    spec = "n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16"
+    target = parse_target("cuda:sm_90")
+    tuned = resolve_config(FusedConvSpec.parse(spec), target, True)
+    assert tuned is not None and tuned.threads == 256
+    assert main(["op", "--spec", spec, "--target", "cuda:sm_90"]) == 0
+    assert f"config  tuned record: {tuned.to_string()}" in capsys.readouterr().out
+    assert main(["op", "--spec", spec, "--target", "cuda:sm_90", "--no-db"]) == 0
+    assert "config  defaults" in capsys.readouterr().out

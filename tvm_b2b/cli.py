@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -21,6 +22,13 @@ def _op(args) -> int:
     print(f"spec    {spec.to_string()}")
     print(f"target  {kernel.target}")
     print(f"build   {time.perf_counter() - start:.2f} s ({'fused, one kernel' if kernel.fused else 'unfused, two kernels'})")
+    if kernel.target.kind.name == "cuda":
+        from .kernel import resolve_config
+
+        used = resolve_config(spec, kernel.target, not args.unfused, args.config, _db(args))
+        origin = "given" if args.config else "tuned record" if used else "defaults"
+        text = used if isinstance(used, str) else used.to_string() if used else ""
+        print(f"config  {origin}{': ' + text if text else ''}")
     if args.emit_source:
         with open(args.emit_source, "w") as f:
             f.write(kernel.source())
@@ -48,9 +56,27 @@ def _db(args):
     return None if args.no_db else (args.db or "auto")
 
 
-def _tune(args) -> int:
-    import tempfile
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """Sends this process's stderr (TVM's C++ warnings: hundreds of failed trace replays per
+    search round) to a file while tuning; the progress lines go to stdout."""
+    import logging
 
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)  # its console handler follows
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _tune(args) -> int:
     from .frontend.model import analyze
     from .op import FusedConvSpec
     from .target import parse_target
@@ -70,7 +96,9 @@ def _tune(args) -> int:
     record_specs(args.db, specs)
     deadline = time.time() + 60 * args.minutes if args.minutes else None
     results = []
-    with tempfile.TemporaryDirectory(prefix="tvm-b2b-tune-") as work_dir:
+    work_dir = os.path.join(args.db, "logs")
+    print(f"MetaSchedule's logs and TVM's warnings: {work_dir}")
+    with _stderr_to(os.path.join(work_dir, "stderr.log")):
         for i, spec in enumerate(specs, 1):
             if deadline and time.time() >= deadline:
                 print(f"time budget spent: {len(specs) - i + 1} spec(s) left; run the same command again to continue")
@@ -205,6 +233,10 @@ def main(argv=None) -> int:
         return 2
     try:
         return args.handler(args)
+    except KeyboardInterrupt:
+        print(f"tvm-b2b {args.command}: interrupted (a tuning database keeps every finished record; "
+              "rerun the same command to continue)", file=sys.stderr)
+        return 130
     except (ValueError, UserError, OSError) as err:
         print(f"tvm-b2b {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
