@@ -50,8 +50,6 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
     """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the pairs.
     dtype="float16": the fused pairs run in float16 with float32 accumulation. db: where the fused
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults)."""
-    import tvm
-
     from ..kernel import compile_module
     from .rewrite import fuse_pairs
 

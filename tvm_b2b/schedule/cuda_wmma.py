@@ -8,7 +8,10 @@ Each thread block owns `m_tile` output pixels (rows of both implicit GEMMs):
      channels of the block's pixels (rows padded: no bank conflicts on fragment loads);
   3. conv2 = mid @ w2 in chunks of `n2_tile` channels, A operand read straight from `mid`, w2
      staged through shared memory; the s2/b2/residual/act2 epilogue stores to global memory.
-All extents are padded to whole tiles (tvm_b2b.op.compute.padded_extents), so any shape is exact.
+All extents are padded per spec (`extents`: rows to 32/64/128, channels and the reduction to 64), so
+any shape is exact and every config schedules the same PrimFunc. Tile sizes are knobs (`KNOBS`)
+drawn with sample_categorical: fixed to a WmmaConfig for a build, searched by tvm_b2b.tune.
+`pipeline=1` double-buffers the operand tiles (cp.async on sm_80+).
 The same template, split after step 2 with `mid` in global memory, is the unfused baseline.
 """
 from __future__ import annotations
@@ -114,8 +117,7 @@ def pixel_unit(spec: FusedConvSpec) -> int:
 def extents(spec: FusedConvSpec) -> dict[str, int]:
     """The padded GEMM extents: fixed per spec (not per config), so that every config schedules
     the same PrimFunc, which is the tuning workload."""
-    ext = padded_extents(spec, pixel_unit(spec), k_tile=CHANNEL_UNIT, n_tile=CHANNEL_UNIT)
-    return ext
+    return padded_extents(spec, pixel_unit(spec), k_tile=CHANNEL_UNIT, n_tile=CHANNEL_UNIT)
 
 
 def default_config(spec: FusedConvSpec) -> WmmaConfig:
