@@ -90,6 +90,30 @@ def test_pipelined_config_builds(arch, local_arches, tmp_path):
         nvcc_compile(source, arch, tmp_path)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_mma_config_builds(arch, local_arches, tmp_path):
+    """mma=1: ldmatrix + mma.sync m16n8k16 (fragments in registers) for both GEMMs, one kernel."""
+    source = build(SPECS[0], f"cuda:{arch}", config="mma=1", db=None).source()
+    assert len(kernels(source)) == 1
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source and "ldmatrix.sync" in source
+    assert "wmma::" not in source
+    if arch in local_arches:
+        nvcc_compile(source, arch, tmp_path)
+
+
+WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dtype="float16")
+
+
+@pytest.mark.parametrize(("spec", "arch", "config", "message"), [
+    (SPECS[0], "sm_75", "mma=1", "mma=1 needs sm_80 or newer"),
+    (SPECS[0], "sm_90", "mma=1,pipeline=1", "mma=1 with pipeline=1"),
+    (WIDE, "sm_90", "mma=1,n1_tile=128,n2_tile=256", "TVM 0.27 cannot build"),
+])
+def test_unbuildable_mma_configs_are_clear_errors(spec, arch, config, message):
+    with pytest.raises(ValueError, match=message):
+        build(spec, f"cuda:{arch}", config=config, db=None)
+
+
 def test_bad_config_is_a_clear_error():
     with pytest.raises(ValueError, match="bogus: not a WmmaConfig field"):
         build(SPECS[0], "cuda:sm_90", config="m_tile=64,bogus=1")

@@ -45,6 +45,8 @@ CONFIGS = [
     (GRID[1], ONE_FRAGMENT), (GRID[4], "pipeline=1"), (GRID[4], "n1_tile=128,n2_tile=256"),
     (GRID[7], "m_tile=32"), (GRID[7], "pipeline=1,m_tile=32"), (GRID[7], "m_tile=16,warps_m=1,warps_n=4,n1_tile=64,n2_tile=64"),
     (GRID[8], "pipeline=1,k_tile=64"), (GRID[8], "m_tile=128,warps_m=4"),
+    (GRID[1], "mma=1"), (GRID[1], "mma=1,m_tile=256,warps_m=4,k_tile=64"), (GRID[4], "mma=1,n1_tile=128,n2_tile=256"),
+    (GRID[7], "mma=1,m_tile=32"), (GRID[8], "mma=1,k_tile=64"),
 ]
 
 
@@ -64,7 +66,8 @@ def _build_or_refused(spec, fused, config):
     try:
         return build(spec, "cuda", fused=fused, config=config, db=None)
     except ValueError as err:
-        assert "computes wrong results" in str(err), err  # the self-check of a workaround build
+        # refused: the self-check of a workaround build, or an mma tiling TVM 0.27 cannot build
+        assert "computes wrong results" in str(err) or "cannot build" in str(err), err
         return None
 
 
@@ -75,10 +78,10 @@ def test_wrong_workaround_build_is_refused():
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(spec=st.sampled_from(GRID[:9]), knobs=st.fixed_dictionaries({k: st.sampled_from(v) for k, v in KNOBS.items()}),
-       pipeline=st.sampled_from([0, 1]))
-def test_cuda_kernel_random_configs(spec, knobs, pipeline):
+       variant=st.sampled_from([dict(), dict(pipeline=1), dict(mma=1)]))
+def test_cuda_kernel_random_configs(spec, knobs, variant):
     """Any config the tuner may pick computes the same op (tuning measures speed, not results)."""
-    config = WmmaConfig.from_knobs(knobs, pipeline=pipeline)
+    config = WmmaConfig.from_knobs(knobs, **variant)
     try:
         check_config(spec, config)
     except ValueError:

@@ -191,7 +191,13 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config, trusted: bool) ->
     # (config already resolved against the tuning database by build)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    executable, workaround = compile_module(mod, target)
+    try:
+        executable, workaround = compile_module(mod, target)
+    except tvm.error.InternalError as err:
+        if "Cannot find warp index" not in str(err):
+            raise
+        raise ValueError(f"config: TVM 0.27 cannot build {config} (LowerWarpMemory fails on this mma=1 tiling); "
+                         "choose other tiles or mma=0") from None
     kernel = FusedKernel(spec, target, executable, names, kernels.mid_shape)
     if workaround and not trusted:
         _verify_workaround_build(kernel, config)

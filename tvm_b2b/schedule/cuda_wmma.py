@@ -58,6 +58,7 @@ class WmmaConfig:
     n1_tile: int = 64  # conv1 output channels per accumulator pass
     n2_tile: int = 64  # conv2 output channels per accumulator pass
     pipeline: int = 0  # 1: operand tiles double-buffered, loaded (cp.async on sm_80+) one step ahead
+    mma: int = 0  # 1 (sm_80+): ldmatrix + mma.sync m16n8k16 instead of WMMA
 
     @property
     def threads(self) -> int:
@@ -82,11 +83,11 @@ class WmmaConfig:
         return knobs
 
     @classmethod
-    def from_knobs(cls, k: dict[str, int], pipeline: int = 0) -> "WmmaConfig":
+    def from_knobs(cls, k: dict[str, int], pipeline: int = 0, mma: int = 0) -> "WmmaConfig":
         return cls(
             m_tile=MMA * k["warps_m"] * k["frags_m"], warps_m=k["warps_m"], warps_n=k["warps_n"],
             k_tile=MMA * k["frags_k"], n1_tile=MMA * k["warps_n"] * k["frags_n1"],
-            n2_tile=MMA * k["warps_n"] * k["frags_n2"], pipeline=pipeline,
+            n2_tile=MMA * k["warps_n"] * k["frags_n2"], pipeline=pipeline, mma=mma,
         )
 
     def to_string(self) -> str:
@@ -127,9 +128,15 @@ def default_config(spec: FusedConvSpec) -> WmmaConfig:
     return WmmaConfig()
 
 
-def check_config(spec: FusedConvSpec, cfg: WmmaConfig) -> WmmaConfig:
-    """The config if its tiles divide the spec's padded extents, else ValueError naming the tile."""
+def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaConfig:
+    """The config if its tiles divide the spec's padded extents and the arch has what it uses,
+    else ValueError naming the field."""
     cfg.knobs()
+    if cfg.mma and arch < 80:
+        raise ValueError(f"config: mma=1 needs sm_80 or newer (mma.sync m16n8k16), not sm_{arch}")
+    if cfg.mma and cfg.pipeline:
+        raise ValueError("config: mma=1 with pipeline=1 does not build with TVM 0.27 (warp-scope fragments "
+                         "in a software pipeline); use one of them")
     ext = extents(spec)
     for field, extent, what in (("m_tile", ext["m"], "pixel rows"), ("k_tile", ext["r"], "3x3 reduction"),
                                 ("n1_tile", ext["k1"], "k1 channels"), ("n2_tile", ext["k2"], "k2 channels")):
@@ -200,13 +207,22 @@ class WmmaFusedSchedule:
     def __init__(self, sch: s_tir.Schedule, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int = 80):
         from tvm.s_tir.tensor_intrin import cuda as intrin  # slow import (~15-60 s): only here
 
-        self.intrin = {
-            "load_a": intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN,
-            "load_b": intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN,
-            "sync": intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN,
-            "fill": intrin.WMMA_FILL_16x16x16_F32_INTRIN,
-            "store": intrin.WMMA_STORE_16x16x16_F32_SHARED_DYN_INTRIN,
-        }
+        self.mma = bool(cfg and cfg.mma)
+        if self.mma:  # fragments in registers ("warp" scope) in the ldmatrix layout
+            self.intrin = {
+                "load_a": intrin.LDMATRIX_f16_A_DYN_INTRIN, "load_b": intrin.LDMATRIX_f16_B_DYN_INTRIN,
+                "sync": intrin.MMA_f16f16f32_INTRIN, "fill": intrin.MMA_fill_16x16_f32_INTRIN,
+                "store": intrin.MMA_store_16x16_f32_shared_dyn_INTRIN,
+            }
+            self.layout = intrin.shared_16x16_to_ldmatrix_32x8_layout
+        else:
+            self.intrin = {
+                "load_a": intrin.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN,
+                "load_b": intrin.WMMA_LOAD_16x16x16_F16_B_DYN_INTRIN,
+                "sync": intrin.WMMA_SYNC_16x16x16_f16f16f32_INTRIN,
+                "fill": intrin.WMMA_FILL_16x16x16_F32_INTRIN,
+                "store": intrin.WMMA_STORE_16x16x16_F32_SHARED_DYN_INTRIN,
+            }
         self.sch, self.spec = sch, spec
         self.pipeline, self.arch = bool(cfg and cfg.pipeline), arch
         chosen = cfg.knobs() if cfg else {}
@@ -315,11 +331,11 @@ class WmmaFusedSchedule:
     def _fragments(self, g: _Gemm):
         """Operand fragments at the inner k loop; accumulators stored per warp to shared memory."""
         sch = self.sch
-        frag_a = sch.cache_read(g.outer, 0, "wmma.matrix_a")
-        frag_b = sch.cache_read(g.outer, 1, "wmma.matrix_b")
+        frag_a = sch.cache_read(g.outer, 0, "warp" if self.mma else "wmma.matrix_a")
+        frag_b = sch.cache_read(g.outer, 1, "warp" if self.mma else "wmma.matrix_b")
         sch.compute_at(frag_a, g.k_inner)
         sch.compute_at(frag_b, g.k_inner)
-        acc = sch.cache_write(g.outer, 0, "wmma.accumulator")
+        acc = sch.cache_write(g.outer, 0, "warp" if self.mma else "wmma.accumulator")
         sch.reverse_compute_at(acc, g.warp)
         sch.set_scope(acc, 0, "shared.dyn")
         sch.storage_align(acc, 0, axis=-2, factor=32, offset=4)
@@ -330,6 +346,11 @@ class WmmaFusedSchedule:
             j0, j1 = sch.split(j, [None, MMA])
             sch.reorder(i0, j0, i1, j1)
             g.tensorize_at.append((i1, intrin))
+        if self.mma:
+            layout = lambda i, j: (i // MMA, j // MMA, *self.layout(i % MMA, j % MMA))  # noqa: E731
+            sch.transform_layout(frag_a, ("write", 0), layout)
+            sch.transform_layout(frag_b, ("write", 0), layout)
+            sch.transform_layout(acc, ("read", 0), layout)
         g.init = sch.decompose_reduction(g.outer, g.k_outer)
         if self.pipeline:
             # k_outer's body: the operand copies, then the MMA loop; the copies run one step ahead
@@ -346,6 +367,29 @@ class WmmaFusedSchedule:
         init_inner = sch.get_child_blocks(g.init)[0]
         sch.tensorize(sch.get_loops(init_inner)[-2], self.intrin["fill"])
         sch.tensorize(sch.get_loops(g.inner)[-3], self.intrin["sync"])
+
+
+LDMATRIX_INDEX_MAP = "tirx.index_map.shared_16x16_to_ldmatrix_32x8_layout"
+
+
+def register_ldmatrix_index_map() -> None:
+    """CUDA codegen of ldmatrix/mma looks this index map up by name. TVM registers it when
+    tvm.s_tir.tensor_intrin.cuda is imported (15-60 s); a build worker that only compiles already
+    scheduled modules registers this copy instead (the same map: element (i, j) of a 16x16 tile ->
+    (lane, register); the generated CUDA is identical). Only for processes that never import
+    tensor_intrin afterwards: TVM's own registration would then fail as a duplicate."""
+    import tvm_ffi
+
+    if tvm_ffi.get_global_func(LDMATRIX_INDEX_MAP, allow_missing=True) is not None:
+        return
+
+    def index_map(ind):
+        from tvm.runtime import convert
+
+        i, j = ind[0], ind[1]
+        return convert([4 * (i % 8) + (j % 8) // 2, 4 * (j // 8) + (i // 8) * 2 + (j % 2)])
+
+    tvm_ffi.register_global_func(LDMATRIX_INDEX_MAP, index_map)
 
 
 def workload(spec: FusedConvSpec):
@@ -371,7 +415,7 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     reason = unsupported_reason(spec, arch)
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
-    cfg = check_config(spec, cfg or default_config(spec))
+    cfg = check_config(spec, cfg or default_config(spec), arch)
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "

@@ -58,7 +58,7 @@ class FitsTemplate(ms.postproc.PyPostproc):
 
     def apply(self, sch) -> bool:
         try:
-            cfg = cuda_wmma.check_config(self.spec, config_of(sch.trace))
+            cfg = cuda_wmma.check_config(self.spec, config_of(sch.trace), self.arch)
         except ValueError:
             return False
         return cuda_wmma.shared_bytes(self.spec, cfg) <= max_shared_bytes(self.arch)
@@ -68,14 +68,17 @@ class FitsTemplate(ms.postproc.PyPostproc):
 
 
 def design_space(spec: FusedConvSpec, arch: int):
-    """The space: two traces, operand loads pipelined or not, whose knobs start at the default
+    """The space: three traces (WMMA with operand loads pipelined or not; on sm_80+ ldmatrix +
+    mma.sync, of which TVM 0.27 fails to build most tilings: failed trials), whose knobs start at the default
     config (a space must produce valid schedules) and are re-drawn by the search; draws that do
     not tile the spec fail in replay or in TilesDivide and are skipped."""
 
+    variants = [dict(pipeline=0), dict(pipeline=1)] + ([dict(mma=1)] if arch >= 80 else [])
+
     def schedule_fn(sch):
         spaces = []
-        for pipeline in (0, 1):
-            cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline)
+        for variant in variants:
+            cfg = dataclasses.replace(cuda_wmma.default_config(spec), **variant)
             spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
         return spaces
 
@@ -92,4 +95,5 @@ def config_of(trace) -> cuda_wmma.WmmaConfig:
         knobs[name] = candidates[int(trace.decisions[inst])]
     pipelined = any(inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)
                     for inst in trace.insts)
-    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=int(pipelined))
+    mma = any(inst.kind.name == "Tensorize" and "ldmatrix" in str(inst.attrs) for inst in trace.insts)
+    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=int(pipelined), mma=int(mma))

@@ -127,7 +127,8 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
             mod, target, work_dir, max_trials_global=batch, num_trials_per_iter=batch,
             space=design_space(spec, cuda_arch_number(target)), database=database, cost_model=cost_model,
             strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
-            builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300),
+            builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300,
+                                            initializer=cuda_wmma.register_ldmatrix_index_map),
             runner=ms.runner.LocalRunner(
                 timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
                 evaluator_config=ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)),
