@@ -235,3 +235,20 @@ def test_build_worker_compiles_mma_without_tensor_intrin(tmp_path):
     run = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-1500:]
     assert run.stdout == here
+
+
+def test_checked_run_rejects_a_wrong_result():
+    """The tuner's runner compares each candidate with the numpy reference before timing it. Here
+    on the CPU kernel (same signature as the CUDA one): right inputs pass, a changed weight fails."""
+    from tvm_b2b.schedule import cpu
+    from tvm_b2b.tune.tuner import CheckedRun
+
+    func = cpu.scheduled_funcs(SPEC, True).funcs[0].with_attr("global_symbol", "main")
+    rt_mod = tvm.compile(tvm.IRModule({"main": func.with_attr("tirx.is_scheduled", True)}), target="llvm").mod
+    checked, dev = CheckedRun(SPEC), tvm.cpu(0)
+    config = ms.runner.EvaluatorConfig(number=1, repeat=1, min_repeat_ms=0, enable_cpu_cache_flush=False)
+    args = checked.alloc(dev, None, 1)
+    assert len(checked.evaluate(rt_mod, dev, config, args)) == 1
+    args[0][1].copyfrom(args[0][1].numpy() * 2)  # w1 no longer what the reference used
+    with pytest.raises(RuntimeError, match="wrong result"):
+        checked.evaluate(rt_mod, dev, config, args)
