@@ -5,6 +5,8 @@
 #                                            (resumes .tune/db), copy the database out
 #   bash bench/gpu_session.sh bench          all GPU tests, benchmarks (default vs tuned), model bench
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
+#   bash bench/gpu_session.sh tests          every GPU test, log to $OUT
+# The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out="${OUT:-bench/results/session}"; mkdir -p "$out" .tune
@@ -25,6 +27,9 @@ case "$1" in
       --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
     timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests -k "not tune_measures and not configs" 2>&1 | tail -25 | tee "$out/gpu_tests.log"
     timeout 120 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -15
+    ;;
+  tests)
+    timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 | tee "$out/gpu_tests.log"
     ;;
   model)
     timeout 130 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -8
