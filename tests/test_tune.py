@@ -252,3 +252,13 @@ def test_checked_run_rejects_a_wrong_result():
     args[0][1].copyfrom(args[0][1].numpy() * 2)  # w1 no longer what the reference used
     with pytest.raises(RuntimeError, match="wrong result"):
         checked.evaluate(rt_mod, dev, config, args)
+
+
+def test_resumed_tuning_warm_starts_the_cost_model(tuned_dir):
+    from tvm_b2b.tune.tuner import warm_start
+
+    model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)
+    db = database.TuningDatabase(tuned_dir)
+    assert warm_start(model, db, cuda_wmma.workload(SPEC), parse_target("cuda:sm_90")) == 2
+    assert model.data_size == 2
+    assert warm_start(model, db, cuda_wmma.workload(OTHER), parse_target("cuda:sm_90")) == 0

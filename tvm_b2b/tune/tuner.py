@@ -126,6 +126,10 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
     progress.out = out
     checked = CheckedRun(spec)
     cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)
+    try:
+        warm_start(cost_model, database, mod, target)
+    except Exception as err:  # noqa: BLE001 -- a cold start is slower, not wrong
+        out(f"{progress.label} cost model not warm-started from the database: {err}")
     while progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
@@ -148,6 +152,17 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
         "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
         "best_us": _mean_us(best) if best else None, "config": config_of(best.trace).to_string() if best else None,
     }
+
+
+def warm_start(cost_model, database: TuningDatabase, mod, target) -> int:
+    """Trains the cost model on the records the database already holds for this workload (a resumed
+    run then starts from what earlier runs measured, not from random draws); returns how many."""
+    records = database.records_for(mod)
+    if records:
+        context = ms.TuneContext(mod=mod, target=target, task_name="main")
+        results = [ms.runner.RunnerResult(run_secs=r.run_secs, error_msg=None) for r in records]
+        cost_model.update(context, [r.as_measure_candidate() for r in records], results)
+    return len(records)
 
 
 def _mean_us(record) -> float:
