@@ -1,6 +1,7 @@
 """The fused op's MetaSchedule design space: the CUDA schedule with its knobs
-(schedule.cuda_wmma.KNOBS) left to sample_categorical, pipelined or not, a mutator that re-draws
-one knob, and a postprocessor that drops draws the spec or the GPU's shared memory cannot take."""
+(schedule.cuda_wmma.KNOBS) left to sample_categorical in three variants (WMMA, WMMA pipelined,
+ldmatrix + mma.sync), a mutator that re-draws one knob, and a postprocessor that drops draws the
+spec or the GPU's shared memory cannot take."""
 from __future__ import annotations
 
 import dataclasses
