@@ -20,7 +20,6 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from tvm_b2b import FusedConvSpec, build  # noqa: E402
-from tvm_b2b.kernel import resolve_config  # noqa: E402
 from tvm_b2b.op import compare, random_inputs, reference  # noqa: E402
 
 
@@ -137,8 +136,7 @@ def main() -> int:
             config = None if label in ("default", "tuned") else label
             db = args.db if label == "tuned" else None
             fused = build(spec, args.target, config=config, db=db)
-            used = resolve_config(spec, fused.target, True, config, db)
-            config = label if label != "tuned" else f"tuned: {used.to_string() if used else 'no record, defaults'}"
+            config = label if label != "tuned" else f"tuned: {fused.config.to_string() if fused.config else 'no record, defaults'}"
             err, ok = compare(spec, fused(**inputs), want)
             fused_us = fused.time_us(inputs)
             row = dict(spec=spec.to_string(), config=config or "default", fused_us=fused_us, unfused_us=unfused_us,

@@ -41,7 +41,7 @@ def main() -> int:
         mod = workload(spec)
         best = database.best_record(source, mod, target)
         if best is not None:
-            us = sum(float(s) for s in best.run_secs) / len(best.run_secs) * 1e6
+            us = database.mean_us(best.run_secs)
             rows.append(f"| `{spec.to_string()}` | {len(source.records_for(mod))} | {us:.1f} | `{config_of(best.trace).to_string()}` |")
     database.record_specs(tmp, [s for s in specs if database.best_record(source, workload(s), target)])
     with open(os.path.join(tmp, "README.md"), "w") as f:

@@ -23,9 +23,7 @@ def _op(args) -> int:
     print(f"target  {kernel.target}")
     print(f"build   {time.perf_counter() - start:.2f} s ({'fused, one kernel' if kernel.fused else 'unfused, two kernels'})")
     if kernel.target.kind.name == "cuda":
-        from .kernel import resolve_config
-
-        used = resolve_config(spec, kernel.target, not args.unfused, args.config, _db(args))
+        used = kernel.config
         origin = "given" if args.config else "tuned record" if used else "defaults"
         text = used if isinstance(used, str) else used.to_string() if used else ""
         print(f"config  {origin}{': ' + text if text else ''}")

@@ -12,12 +12,13 @@ class FusedKernel:
     """A compiled fused op. Call it with numpy arrays (x, w1, s1, b1, w2, s2, b2[, residual]);
     it returns y (n, ho, wo, k2) as numpy."""
 
-    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str], mid_shape=None):
+    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str], mid_shape=None, config=None):
         self.spec = spec
         self.target = target
         self.executable = executable
         self.func_names = func_names  # one (fused) or two (unfused stages) kernels, run in order
         self.mid_shape = mid_shape  # the intermediate's global buffer when unfused (may be padded)
+        self.config = config  # the schedule parameters it was built with (None: the rule's defaults)
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:
@@ -188,7 +189,6 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config, trusted: bool) ->
     from .schedule import scheduled_funcs
 
     kernels = scheduled_funcs(spec, target, fused, config)
-    # (config already resolved against the tuning database by build)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
     try:
@@ -198,7 +198,7 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config, trusted: bool) ->
             raise
         raise ValueError(f"config: TVM 0.27 cannot build {config} (LowerWarpMemory fails on this mma=1 tiling); "
                          "choose other tiles or mma=0") from None
-    kernel = FusedKernel(spec, target, executable, names, kernels.mid_shape)
+    kernel = FusedKernel(spec, target, executable, names, kernels.mid_shape, config)
     if workaround and not trusted:
         _verify_workaround_build(kernel, config)
     return kernel

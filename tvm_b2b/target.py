@@ -44,10 +44,9 @@ def cuda_target(arch: str):
     """The CUDA target of an arch, with its limits (TVM's default GPU schedules read them)."""
     import tvm
 
-    number = int(re.sub(r"\D", "", arch))
     return tvm.target.Target({
         "kind": "cuda", "arch": arch, "host": {"kind": "llvm"},
-        "max_shared_memory_per_block": max_shared_bytes(number), "max_threads_per_block": 1024,
+        "max_shared_memory_per_block": max_shared_bytes(arch_number(arch)), "max_threads_per_block": 1024,
         "thread_warp_size": 32, "registers_per_block": 65536,
     })
 
@@ -65,8 +64,13 @@ def max_shared_bytes(arch: int) -> int:
     return 96 * 1024
 
 
+def arch_number(arch: str) -> int:
+    """80 for 'sm_80' (0 when it holds no number)."""
+    return int(re.sub(r"\D", "", arch) or 0)
+
+
 def cuda_arch_number(target) -> int:
     """80 for sm_80 (0 for a non-CUDA target)."""
     if target.kind.name != "cuda":
         return 0
-    return int(re.sub(r"\D", "", str(target.attrs.get("arch", "sm_0"))) or 0)
+    return arch_number(str(target.attrs.get("arch", "sm_0")))

@@ -20,10 +20,9 @@ log = logging.getLogger("tvm_b2b")
 
 @relax.expr_functor.mutator
 class _PairRewriter(relax.PyExprMutator):
-    def __init__(self, mod, pairs: list[Pair], kernels: dict):
+    def __init__(self, mod, pairs: list[Pair]):
         super().__init__(mod)
         self.by_last = {pair.last: pair for pair in pairs}
-        self.kernels = kernels  # id(pair) -> schedule.Kernels
         self.count = 0
 
     def visit_var_binding_(self, binding):
@@ -35,7 +34,7 @@ class _PairRewriter(relax.PyExprMutator):
         self.set_var_remap(binding.var, emit(value))
 
     def _fused_call(self, pair: Pair):
-        spec, kernels, bb = pair.spec, self.kernels[id(pair)], self.builder_
+        spec, kernels, bb = pair.spec, pair.kernels, self.builder_
         dt = np_dtype(spec.dtype)
         p = pair.params
         consts = [relax.const(p["w1"].astype(dt)), relax.const(p["s1"]), relax.const(p["b1"])]
@@ -105,7 +104,7 @@ def fuse_pairs(mod, target, pairs: list[Pair] | None = None):
             log.info("not fused: %s -> %s: %s", p.conv3x3, p.conv1x1, p.reason)
     if not fused:
         return mod, pairs
-    rewriter = _PairRewriter(mod, fused, {id(p): p.kernels for p in fused})
+    rewriter = _PairRewriter(mod, fused)
     main = rewriter.visit_expr(mod["main"])
     out = rewriter.builder_.get()
     out["main"] = main

@@ -71,6 +71,7 @@ class TuningDatabase(ms.database.PyDatabase):
         self.dir.mkdir(parents=True, exist_ok=True)
         self.mem = ms.database.MemoryDatabase()
         self.workload_index: dict = {}  # structural hash -> line in the workload file
+        self.records: dict = {}  # structural hash -> every record (valid or not) of that workload
         self._load()
 
     def _load(self):
@@ -88,7 +89,7 @@ class TuningDatabase(ms.database.PyDatabase):
         for number, obj in enumerate(_read_lines(self.dir / RECORDS), 1):
             try:
                 index, record = obj
-                self.mem.commit_tuning_record(ms.database.TuningRecord.from_json(record, workloads[index]))
+                self._remember(ms.database.TuningRecord.from_json(record, workloads[index]))
             except Exception:  # noqa: BLE001
                 raise ValueError(f"{self.dir / RECORDS}: line {number} is not a tuning record (corrupted tuning database?)") from None
 
@@ -107,7 +108,11 @@ class TuningDatabase(ms.database.PyDatabase):
     def commit_tuning_record(self, record) -> None:
         index = self.workload_index[_key(record.workload.mod)]
         _append_line(self.dir / RECORDS, [index, record.as_json()])
+        self._remember(record)
+
+    def _remember(self, record) -> None:
         self.mem.commit_tuning_record(record)
+        self.records.setdefault(_key(record.workload.mod), []).append(record)
 
     def get_top_k(self, workload, top_k: int):
         return self.mem.get_top_k(workload, top_k)
@@ -121,10 +126,7 @@ class TuningDatabase(ms.database.PyDatabase):
     # -- helpers -------------------------------------------------------------------------------
     def records_for(self, mod) -> list:
         """Every record (valid or not) of this workload."""
-        if not self.has_workload(mod):
-            return []
-        key = _key(mod)
-        return [r for r in self.get_all_tuning_records() if _key(r.workload.mod) == key]
+        return list(self.records.get(_key(mod), []))
 
 
 # -- which database, which record -------------------------------------------------------------
@@ -165,6 +167,12 @@ def find_database(target) -> Path | None:
     if len(found) > 1:
         log.info("no GPU here and %d databases for %s (%s): using none", len(found), arch, ", ".join(p.name for p in found))
     return found[0] if len(found) == 1 else None
+
+
+def mean_us(run_secs) -> float:
+    """A measurement's mean run time in microseconds."""
+    secs = [float(s) for s in run_secs]
+    return sum(secs) / len(secs) * 1e6
 
 
 def best_record(database: TuningDatabase, mod, target):

@@ -12,7 +12,7 @@ from tvm.ir.utils import derived_object
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
 from ..target import cuda_arch_number
-from .database import TuningDatabase, best_record
+from .database import TuningDatabase, best_record, mean_us
 from .space import config_of, design_space
 
 
@@ -109,8 +109,7 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         batch = []
         self.progress.wrong += sum("wrong result" in (r.error_msg or "") for r in runner_results)
         for result in runner_results:
-            secs = [float(s) for s in (result.run_secs or [])]
-            batch.append(sum(secs) / len(secs) * 1e6 if secs and not result.error_msg else None)
+            batch.append(mean_us(result.run_secs) if result.run_secs and not result.error_msg else None)
         self.progress.update(batch)
 
 
@@ -122,7 +121,7 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
     before = len(database.records_for(mod))
     best = best_record(database, mod, target)
     progress = Progress(label or spec.to_string(), trials, before,
-                        _mean_us(best) if best else None, started=time.perf_counter())
+                        mean_us(best.run_secs) if best else None, started=time.perf_counter())
     progress.out = out
     checked = CheckedRun(spec)
     cost_model = ms.cost_model.XGBModel(extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True)
@@ -150,7 +149,7 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
     best = best_record(database, mod, target)
     return {
         "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
-        "best_us": _mean_us(best) if best else None, "config": config_of(best.trace).to_string() if best else None,
+        "best_us": mean_us(best.run_secs) if best else None, "config": config_of(best.trace).to_string() if best else None,
     }
 
 
@@ -163,8 +162,3 @@ def warm_start(cost_model, database: TuningDatabase, mod, target) -> int:
         results = [ms.runner.RunnerResult(run_secs=r.run_secs, error_msg=None) for r in records]
         cost_model.update(context, [r.as_measure_candidate() for r in records], results)
     return len(records)
-
-
-def _mean_us(record) -> float:
-    secs = [float(s) for s in record.run_secs]
-    return sum(secs) / len(secs) * 1e6
