@@ -59,9 +59,7 @@ class FusedKernel:
         import tvm
 
         spec = self.spec
-        flat = {k: (v.reshape(spec.m, spec.k2) if k == "residual" else np.ascontiguousarray(v)) for k, v in arrays.items()}
-        tensors = {k: tvm.runtime.tensor(v, dev) for k, v in flat.items()}
-        out = tvm.runtime.empty((spec.m, spec.k2), spec.dtype, dev)
+        tensors, out = device_arguments(spec, arrays, dev)
         if self.fused:
             return [[*tensors.values(), out]]
         mid = tvm.runtime.empty(self.mid_shape, spec.dtype, dev)
@@ -96,6 +94,16 @@ class FusedKernel:
     @property
     def fused(self) -> bool:
         return len(self.func_names) == 1
+
+
+def device_arguments(spec: FusedConvSpec, arrays: dict[str, np.ndarray], dev):
+    """({name: device tensor} of the op's inputs in call order, an empty output): the residual
+    and the output as their (m, k2) GEMM views, as every kernel of the op takes them."""
+    import tvm
+
+    flat = {k: (v.reshape(spec.m, spec.k2) if k == "residual" else np.ascontiguousarray(v)) for k, v in arrays.items()}
+    tensors = {k: tvm.runtime.tensor(v, dev) for k, v in flat.items()}
+    return tensors, tvm.runtime.empty((spec.m, spec.k2), spec.dtype, dev)
 
 
 def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, db="auto") -> FusedKernel:

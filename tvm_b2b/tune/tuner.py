@@ -44,12 +44,10 @@ class CheckedRun:
         return CheckedRun._cache[key]
 
     def alloc(self, device, _args_info, alloc_repeat: int):
-        import tvm
+        from ..kernel import device_arguments
 
-        spec, (inputs, _) = self.spec, self._data()
-        arrays = [a.reshape(spec.m, spec.k2) if k == "residual" else a for k, a in inputs.items()]
-        args = [tvm.runtime.tensor(a, device) for a in arrays] + [tvm.runtime.empty((spec.m, spec.k2), spec.dtype, device)]
-        return [args] * alloc_repeat
+        tensors, out = device_arguments(self.spec, self._data()[0], device)
+        return [[*tensors.values(), out]] * alloc_repeat
 
     def evaluate(self, rt_mod, device, evaluator_config, repeated_args):
         from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
