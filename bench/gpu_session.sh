@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine session step (see DEVELOPERS.md's device notes), run from the repo root after
 # `source .devcarry/tvm2/env.sh`. Logs and results go to $OUT (or bench/results/session).
-#   bash bench/gpu_session.sh tune MINUTES   GPU tests of configs/tuning, then tune every bench case
-#                                            (resumes .tune/db), copy the database out
-#   bash bench/gpu_session.sh bench          all GPU tests, benchmarks (default vs tuned), model bench
+#   bash bench/gpu_session.sh tune MIN [N]   tune every bench case, N trials each (default 16; resumes
+#                                            .tune/db), for at most MIN minutes; copy the database out
+#   bash bench/gpu_session.sh bench          ship .tune/db's best records, benchmarks (default vs tuned), model bench
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
 #   bash bench/gpu_session.sh tests          every GPU test, log to $OUT
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
@@ -14,10 +14,8 @@ quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Tota
 case "$1" in
   tune)
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-    timeout 200 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/test_cuda_kernel.py -k "configs or refused or tune_measures" \
-      tests/test_tune.py 2>&1 | tail -25 | tee "$out/gpu_tests_configs_tune.log"
     specs=$(python3 bench/bench_fused.py --list | sed 's/^/--spec /')
-    timeout $(( ${2:-5} * 60 + 90 )) python3 -m tvm_b2b tune $specs --target cuda --trials 16 --db .tune/db \
+    timeout $(( ${2:-5} * 60 + 60 )) python3 -m tvm_b2b tune $specs --target cuda --trials "${3:-16}" --db .tune/db \
       --minutes "${2:-5}" 2>&1 | quiet | tee "$out/tune.log" | grep -E "^\[|^n=|time budget"
     mkdir -p "$out/db" && cp .tune/db/* "$out/db/"
     ;;
@@ -25,7 +23,6 @@ case "$1" in
     python3 bench/ship_schedules.py .tune/db && mkdir -p "$out/shipped" && cp schedules/*-sm_90/* "$out/shipped/"
     timeout 280 python3 bench/bench_fused.py --config default --config tuned \
       --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
-    timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests -k "not tune_measures and not configs" 2>&1 | tail -25 | tee "$out/gpu_tests.log"
     timeout 120 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -15
     ;;
   tests)

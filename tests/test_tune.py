@@ -15,6 +15,7 @@ from tvm_b2b.kernel import compile_module, resolve_config
 from tvm_b2b.schedule import cuda_wmma
 from tvm_b2b.target import parse_target
 from tvm_b2b.tune import database, space
+from tvm_b2b.tune.tuner import build_candidate
 
 SPEC = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=128, residual=True, dtype="float16")
 OTHER = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=64, dtype="float16")
@@ -46,25 +47,21 @@ def _draws(spec, target, count, seed=1):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_space_draws_build(arch, tmp_path):
     target = parse_target(f"cuda:{arch}")
-    draws = _draws(SPEC, target, 6)
-    assert len(draws) == 6
+    draws = _draws(SPEC, target, 8)
+    assert len(draws) == 8
     configs = {space.config_of(s.trace) for s in draws}
     assert len(configs) > 1, "the draws should differ"
-    assert {(c.pipeline, c.mma) for c in configs} == {(0, 0), (1, 0), (0, 1)}, "all three spaces are drawn"
-    built = set()
+    assert {c.pipeline for c in configs} == {0, 1}, "both spaces are drawn"
+    compiled = set()
     for sch in draws:
         config = cuda_wmma.check_config(SPEC, space.config_of(sch.trace))
-        try:
-            source = compile_module(sch.mod, target)[0].mod.imports[0].inspect_source()
-        except tvm.error.InternalError as err:
-            # TVM 0.27: most mma=1 tilings fail in LowerWarpMemory; in tuning a failed build is a failed trial
-            assert config.mma and "Cannot find warp index" in str(err), (config, err)
-            continue
+        # every draw builds as the tuner builds it (our shared-memory planning, no workaround)
+        source = build_candidate(sch.mod, target).imports[0].inspect_source()
         assert len(kernels(source)) == 1 and ("wmma::mma_sync" in source or "mma.sync" in source)
-        if arch in nvcc_arches() and (config.pipeline, config.mma) not in built:
+        assert source.count("extern __shared__") == 1, config
+        if arch in nvcc_arches() and (config.pipeline, config.mma) not in compiled:
             nvcc_compile(source, arch, tmp_path)
-        built.add((config.pipeline, config.mma))
-    assert {(0, 0), (1, 0)} <= built
+            compiled.add((config.pipeline, config.mma))
 
 
 def _record(db, spec, target, cfg, secs):
@@ -218,9 +215,9 @@ def test_build_worker_compiles_mma_without_tensor_intrin(tmp_path):
     """The tuner's build workers never import tensor_intrin (15-60 s each): they register the
     ldmatrix index map themselves, and the CUDA is the same as in a process that imported it."""
     target = parse_target("cuda:sm_90")
-    func = cuda_wmma.scheduled_funcs(SPEC, target, True, cuda_wmma.WmmaConfig.parse("mma=1,m_tile=32")).funcs[0]
+    func = cuda_wmma.scheduled_funcs(SPEC, target, False, cuda_wmma.WmmaConfig.parse("mma=1,m_tile=32")).funcs[0]
     mod = tvm.IRModule({"main": func})
-    here = compile_module(mod, target)[0].mod.imports[0].inspect_source()
+    here = compile_module(mod, target).mod.imports[0].inspect_source()
     (tmp_path / "mod.json").write_text(tvm.ir.save_json(mod))
     worker = (
         "import sys, tvm\n"
@@ -229,7 +226,7 @@ def test_build_worker_compiles_mma_without_tensor_intrin(tmp_path):
         "from tvm_b2b.target import parse_target\n"
         "register_ldmatrix_index_map()\n"
         f"mod = tvm.ir.load_json(open({str(tmp_path / 'mod.json')!r}).read())\n"
-        "sys.stdout.write(compile_module(mod, parse_target('cuda:sm_90'))[0].mod.imports[0].inspect_source())\n"
+        "sys.stdout.write(compile_module(mod, parse_target('cuda:sm_90')).mod.imports[0].inspect_source())\n"
         "assert 'tvm.s_tir.tensor_intrin.cuda' not in sys.modules\n"
     )
     run = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True)

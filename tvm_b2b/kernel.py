@@ -115,11 +115,10 @@ def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, d
     if not isinstance(spec, FusedConvSpec):
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
     target = parse_target(target)
-    given = config
     config = resolve_config(spec, target, fused, config, db)
     key = (spec, str(target), fused, str(config))
     if key not in _BUILT:
-        _BUILT[key] = _compile(spec, target, fused, config, trusted=given is None and config is not None)
+        _BUILT[key] = _compile(spec, target, fused, config)
     return _BUILT[key]
 
 
@@ -144,54 +143,21 @@ def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="au
 _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
 
 
-WORKAROUND_NOTE = "TVM 0.27's StorageRewrite bug"
-
-
 def compile_module(mod, target):
-    """(tvm.compile(mod), whether it needed the workaround). TVM 0.27 bug: for some tile shapes
-    StorageRewrite leaves a shared-memory access pointer whose element type differs from its
-    buffer's, and LowerIntrin rejects it ("tvm_access_ptr element type must match the source
-    buffer"). Those modules build with StorageRewrite off, but some such kernels then compute
-    WRONG results (seen on the H200: merged dynamic shared memory overlaps live buffers), so a
-    caller must check them on the GPU before use (see build; the tuner checks every candidate)."""
+    """tvm.compile(mod) with our lowering pipeline (tvm_b2b.lower: TVM's, plus the shared-memory
+    planning of our kernels that TVM 0.27 gets wrong)."""
     import tvm
 
+    from .lower import register_pipeline
     from .target import cuda_arch_number
 
     # pipelined copies become cp.async on sm_80+ (zero-filling where the im2col gather is out of bounds)
-    config = {"tirx.use_async_copy": True} if cuda_arch_number(target) >= 80 else {}
-    try:
-        with tvm.transform.PassContext(config=config):
-            return tvm.compile(mod, target=target), False
-    except tvm.error.InternalError as err:
-        if "tvm_access_ptr element type must match" not in str(err):
-            raise
-    with tvm.transform.PassContext(config={**config, "tirx.disable_storage_rewrite": True}):
-        return tvm.compile(mod, target=target), True
+    config = {"tirx.use_async_copy": True} if target.kind.name == "cuda" and cuda_arch_number(target) >= 80 else {}
+    with tvm.transform.PassContext(config=config):
+        return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
 
 
-def _verify_workaround_build(kernel: "FusedKernel", config) -> None:
-    """A kernel built with the workaround is used only once the GPU shows it right."""
-    from .op.reference import compare, random_inputs, reference
-    from .target import local_cuda_arch
-
-    try:
-        here = local_cuda_arch()
-    except ValueError:
-        here = None
-    if here != str(kernel.target.attrs.get("arch")):
-        raise ValueError(f"config: {config} needs a workaround for {WORKAROUND_NOTE} whose kernels must be "
-                         f"checked on the GPU they target before use (tuned records were); build it on that GPU, "
-                         f"or choose another config")
-    inputs = random_inputs(kernel.spec, seed=1)
-    err, ok = compare(kernel.spec, kernel(**inputs), reference(kernel.spec, **inputs))
-    if not ok:
-        raise ValueError(f"config: {config} computes wrong results (max abs error {err:.3g}) under the workaround "
-                         f"for {WORKAROUND_NOTE}; choose another config")
-
-
-def _compile(spec: FusedConvSpec, target, fused: bool, config, trusted: bool) -> FusedKernel:
-    """trusted: the config comes from a tuning record (checked on its GPU when tuned)."""
+def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     import tvm
 
     from .schedule import scheduled_funcs
@@ -200,13 +166,10 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config, trusted: bool) ->
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
     try:
-        executable, workaround = compile_module(mod, target)
+        executable = compile_module(mod, target)
     except tvm.error.InternalError as err:
         if "Cannot find warp index" not in str(err):
             raise
         raise ValueError(f"config: TVM 0.27 cannot build {config} (LowerWarpMemory fails on this mma=1 tiling); "
                          "choose other tiles or mma=0") from None
-    kernel = FusedKernel(spec, target, executable, names, kernels.mid_shape, config)
-    if workaround and not trusted:
-        _verify_workaround_build(kernel, config)
-    return kernel
+    return FusedKernel(spec, target, executable, names, kernels.mid_shape, config)

@@ -55,7 +55,7 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
 
     mod, pairs, model = analyze(path, target, fuse, dtype, db)
     mod, _ = fuse_pairs(mod, target, pairs)
-    executable, _ = compile_module(mod, target)  # fused kernels: defaults, or tuned records checked on their GPU
+    executable = compile_module(mod, target)
     executable.export_library(out)
     inputs, outputs = onnx_signature(model)
     meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",

@@ -11,7 +11,8 @@ Each thread block owns `m_tile` output pixels (rows of both implicit GEMMs):
 All extents are padded per spec (`extents`: rows to 32/64/128, channels and the reduction to 64), so
 any shape is exact and every config schedules the same PrimFunc. Tile sizes are knobs (`KNOBS`)
 drawn with sample_categorical: fixed to a WmmaConfig for a build, searched by tvm_b2b.tune.
-`pipeline=1` double-buffers the operand tiles (cp.async on sm_80+).
+`pipeline=1` double-buffers the operand tiles (cp.async on sm_80+). Shared memory is planned by
+tvm_b2b.lower (functions marked POOL_ATTR), not by TVM 0.27 (which gets it wrong for many tilings).
 The same template, split after step 2 with `mid` in global memory, is the unfused baseline.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ class WmmaConfig:
     n1_tile: int = 64  # conv1 output channels per accumulator pass
     n2_tile: int = 64  # conv2 output channels per accumulator pass
     pipeline: int = 0  # 1: operand tiles double-buffered, loaded (cp.async on sm_80+) one step ahead
-    mma: int = 0  # 1 (sm_80+): ldmatrix + mma.sync m16n8k16 instead of WMMA
+    mma: int = 0  # 1 (sm_80+): ldmatrix + mma.sync m16n8k16 instead of WMMA (two-kernel form only, see scheduled_funcs)
 
     @property
     def threads(self) -> int:
@@ -134,9 +135,6 @@ def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaCo
     cfg.knobs()
     if cfg.mma and arch < 80:
         raise ValueError(f"config: mma=1 needs sm_80 or newer (mma.sync m16n8k16), not sm_{arch}")
-    if cfg.mma and cfg.pipeline:
-        raise ValueError("config: mma=1 with pipeline=1 does not build with TVM 0.27 (warp-scope fragments "
-                         "in a software pipeline); use one of them")
     ext = extents(spec)
     for field, extent, what in (("m_tile", ext["m"], "pixel rows"), ("k_tile", ext["r"], "3x3 reduction"),
                                 ("n1_tile", ext["k1"], "k1 channels"), ("n2_tile", ext["k2"], "k2 channels")):
@@ -401,8 +399,11 @@ def workload(spec: FusedConvSpec):
 
 
 def schedule(func, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int):
-    """The scheduled PrimFunc (cfg None: knobs drawn at random)."""
-    return WmmaFusedSchedule(s_tir.Schedule(func), spec, cfg, arch).run().mod["main"]
+    """The scheduled PrimFunc (cfg None: knobs drawn at random), marked for our shared-memory
+    planning (tvm_b2b.lower)."""
+    from ..lower import POOL_ATTR
+
+    return WmmaFusedSchedule(s_tir.Schedule(func), spec, cfg, arch).run().mod["main"].with_attr(POOL_ATTR, True)
 
 
 def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | None = None):
@@ -416,6 +417,9 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = check_config(spec, cfg or default_config(spec), arch)
+    if fused and cfg.mma:
+        raise ValueError(f"config: {cfg.to_string()}: mma=1 builds the two-kernel form only: in the fused kernel "
+                         "TVM 0.27 leaves conv2's mma accumulators unlowered (wrong results on the H200); use mma=0")
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "

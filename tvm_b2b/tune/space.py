@@ -1,6 +1,6 @@
 """The fused op's MetaSchedule design space: the CUDA schedule with its knobs
-(schedule.cuda_wmma.KNOBS) left to sample_categorical in three variants (WMMA, WMMA pipelined,
-ldmatrix + mma.sync), a mutator that re-draws one knob, and a postprocessor that drops draws the
+(schedule.cuda_wmma.KNOBS) left to sample_categorical in two variants (WMMA with operand loads
+pipelined or not; mma=1 builds the two-kernel form only), a mutator that re-draws one knob, and a postprocessor that drops draws the
 spec or the GPU's shared memory cannot take."""
 from __future__ import annotations
 
@@ -69,12 +69,11 @@ class FitsTemplate(ms.postproc.PyPostproc):
 
 
 def design_space(spec: FusedConvSpec, arch: int):
-    """The space: three traces (WMMA with operand loads pipelined or not; on sm_80+ ldmatrix +
-    mma.sync, of which TVM 0.27 fails to build most tilings: failed trials), whose knobs start at the default
-    config (a space must produce valid schedules) and are re-drawn by the search; draws that do
-    not tile the spec fail in replay or in TilesDivide and are skipped."""
+    """The space: one trace per variant (operand loads pipelined or not), whose knobs start at the default config (a space must produce valid
+    schedules) and are re-drawn by the search; draws that do not tile the spec fail in replay or in
+    FitsTemplate and are skipped."""
 
-    variants = [dict(pipeline=0), dict(pipeline=1)] + ([dict(mma=1)] if arch >= 80 else [])
+    variants = [dict(pipeline=0), dict(pipeline=1)]
 
     def schedule_fn(sch):
         spaces = []

@@ -17,10 +17,15 @@ from .space import config_of, design_space
 
 
 def build_candidate(mod, target, _params=None):
-    """The builder's build function (kernel.compile_module, with its TVM 0.27 workaround)."""
-    from ..kernel import compile_module
+    """The builder's build function (kernel.compile_module)."""
+    import tvm
 
-    return compile_module(mod, target)[0].mod
+    from ..kernel import compile_module
+    from ..lower import POOL_ATTR
+
+    # the candidates are our fused kernels: plan their shared memory as kernel.build does
+    mod = tvm.IRModule({gv: f.with_attr(POOL_ATTR, True) for gv, f in mod.functions.items()})
+    return compile_module(mod, target).mod
 
 
 class CheckedRun:

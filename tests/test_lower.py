@@ -1,0 +1,68 @@
+"""Our lowering (tvm_b2b.lower): the shared-memory plan never overlaps live buffers, the pool pass
+leaves one dynamic shared allocation, and the pipeline is TVM's with our passes added."""
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cuda_source import kernels
+from tvm_b2b import FusedConvSpec
+from tvm_b2b.kernel import compile_module
+from tvm_b2b.lower import ALIGN, plan_offsets, register_pipeline
+from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs
+from tvm_b2b.target import parse_target
+
+SPEC = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16")
+OURS = {"tvm_b2b.PoolSharedMemory", "tvm_b2b.TypedPoolAccess"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 70000), st.integers(0, 9), st.integers(0, 9)), min_size=1, max_size=9))
+def test_plan_never_overlaps_live_buffers(buffers):
+    sizes = [size for size, _, _ in buffers]
+    live = [(min(a, b), max(a, b)) for _, a, b in buffers]
+    offsets, total = plan_offsets(sizes, live)
+    assert all(o % ALIGN == 0 for o in offsets) and total % ALIGN == 0
+    for i in range(len(sizes)):
+        assert offsets[i] + sizes[i] <= total
+        for j in range(i):
+            if live[i][0] <= live[j][1] and live[j][0] <= live[i][1]:  # live together: disjoint bytes
+                assert offsets[i] + sizes[i] <= offsets[j] or offsets[j] + sizes[j] <= offsets[i]
+    # never more than every buffer side by side
+    assert total <= sum((s + ALIGN - 1) // ALIGN * ALIGN for s in sizes)
+
+
+def test_plan_reuses_dead_buffers():
+    offsets, total = plan_offsets([4096, 4096, 1024], [(0, 1), (2, 3), (0, 3)])
+    assert offsets[0] == offsets[1] and total == 4096 + 1024
+
+
+def _pass_names(mod, target, pipeline):
+    names = []
+
+    @tvm.ir.instrument.pass_instrument
+    class Record:
+        def run_before_pass(self, _mod, info):
+            names.append(info.name)
+
+    with tvm.transform.PassContext(config={"tirx.use_async_copy": True}, instruments=[Record()]):
+        tvm.compile(mod, target=target, tir_pipeline=pipeline)
+    return names
+
+
+def test_pipeline_is_tvms_plus_ours():
+    """Our pipeline copies TVM 0.27's pass list: this fails when a TVM update changes it."""
+    target = parse_target("cuda:sm_90")
+    func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]  # a config TVM alone builds
+    mod = tvm.IRModule({"main": func.with_attr("tirx.is_scheduled", True)})
+    ours = _pass_names(mod, target, register_pipeline())
+    assert OURS <= set(ours)
+    outer = {"_pipeline", "tvm_b2b_pipeline"}
+    assert [n for n in ours if n not in OURS | outer] == [n for n in _pass_names(mod, target, "default") if n not in outer]
+
+
+def test_fused_kernel_has_one_shared_pool():
+    target = parse_target("cuda:sm_90")
+    func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]
+    source = compile_module(tvm.IRModule({"main": func}), target).mod.imports[0].inspect_source()
+    assert len(kernels(source)) == 1
+    assert source.count("extern __shared__") == 1 and "b2b_shared_pool" in source

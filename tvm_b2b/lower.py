@@ -1,0 +1,314 @@
+"""Lowering of our CUDA kernels: TVM 0.27's s_tir pipeline with one pass added, PoolSharedMemory.
+
+Why: the fused kernel keeps buffers of two element types in dynamic shared memory (fp16 operand
+tiles and `mid`, fp32 accumulator staging). TVM 0.27 plans their reuse wrongly in two places:
+  - StorageRewrite lets an fp16 tile reuse a dead fp32 buffer under the fp32 variable, and
+    LowerIntrin then rejects the access ("tvm_access_ptr element type must match the source buffer");
+  - with StorageRewrite off, MergeSharedMemoryAllocations grows a reused slot without moving the
+    slots after it: the fp32 staging then overlaps `mid` while both are live (wrong results, seen
+    on the H200).
+PoolSharedMemory runs just before StorageRewrite and plans the kernel's dynamic shared memory
+itself: one byte pool, each buffer a typed view at a fixed offset, and two buffers share bytes only
+when no top-level statement of the kernel touches both (conservative liveness: a statement that
+touches a buffer anywhere inside, e.g. in a loop, keeps it live for the whole statement). Both TVM
+passes then see a single allocation and have nothing to reuse. ThreadSync, which runs later, sees
+every access through the pool's one variable and puts a barrier between a statement that last
+reads some bytes and the next one that writes them.
+Only functions carrying POOL_ATTR (set by our schedules) are changed.
+"""
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+POOL_ATTR = "tvm_b2b.pool_shared_memory"
+POOL_SCOPE = "shared.dyn"
+POOL_NAME = "b2b_shared_pool"
+ALIGN = 128  # bytes: every view starts on a 128-byte boundary (cp.async, ldmatrix and WMMA need 16-32)
+PIPELINE = "tvm_b2b"
+
+
+def _bytes(buffer) -> int:
+    count = 1
+    for extent in buffer.shape:
+        count *= int(extent)
+    dtype = tvm.DataType(str(buffer.dtype))
+    return count * dtype.bits * dtype.lanes // 8
+
+
+def _kernel_body(stmt):
+    """The statement sequence under the kernel's thread launches (None if the shape is unexpected)."""
+    while True:
+        if isinstance(stmt, tirx.AttrStmt):
+            stmt = stmt.body
+        elif isinstance(stmt, tirx.SeqStmt):
+            launches = [s for s in stmt.seq if isinstance(s, tirx.AttrStmt) and s.attr_key == "thread_extent"]
+            if not launches:
+                return stmt
+            if len(launches) > 1:
+                return None  # several kernels in one function: not ours
+            stmt = launches[0]
+        else:
+            return None
+
+
+class _Buffers:
+    """The pooled buffers, found by identity (in TVM 0.27 a buffer is a Var)."""
+
+    def __init__(self, buffers):
+        self.buffers = buffers
+
+    def find(self, var):
+        return next((i for i, b in enumerate(self.buffers) if b.same_as(var)), None)
+
+    def touched(self, stmt) -> set[int]:
+        """Indices of the buffers that `stmt` reads, writes, declares or points to."""
+        seen: set[int] = set()
+
+        def visit(var):
+            i = self.find(var)
+            if i is not None:
+                seen.add(i)
+
+        tvm_ffi.structural_walk(stmt, [(tvm.ir.Var, visit)])
+        return seen
+
+
+def _dynamic_shared_buffers(body) -> list:
+    found = []
+    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, lambda s: found.append(s.buffer) if s.buffer.scope() == POOL_SCOPE else None)])
+    return found
+
+
+def plan_offsets(sizes: list[int], live: list[tuple[int, int]]) -> tuple[list[int], int]:
+    """Byte offsets and total for buffers of `sizes` live over the closed statement intervals
+    `live`: buffers whose intervals meet never share a byte. Largest first, first fit."""
+    offsets: dict[int, int] = {}
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        lo, hi = live[i]
+        taken = sorted((offsets[j], offsets[j] + sizes[j]) for j in offsets if live[j][0] <= hi and lo <= live[j][1])
+        at = 0
+        for start, end in taken:
+            if at + sizes[i] <= start:
+                break
+            at = max(at, _align(end))
+        offsets[i] = at
+    total = max((offsets[i] + sizes[i] for i in offsets), default=0)
+    return [offsets[i] for i in range(len(sizes))], _align(total)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def pool_shared_memory(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The function with its dynamic shared buffers placed in one pool (unchanged when it has
+    fewer than two, or a form this pass does not know)."""
+    body = _kernel_body(func.body)
+    if body is None:
+        return func
+    found = _Buffers(_dynamic_shared_buffers(body))
+    if len(found.buffers) < 2 or any(len(b.shape) != 1 for b in found.buffers):
+        return func  # nothing to plan, or not flattened
+    live: dict[int, list[int]] = {}
+    for index, stmt in enumerate(body.seq):
+        if isinstance(stmt, tirx.AllocBuffer):
+            continue  # allocating is not using: a buffer is live from its first access on
+        for i in found.touched(stmt):
+            live.setdefault(i, [index, index])[1] = index
+    sizes = [_bytes(b) for b in found.buffers]
+    offsets, total = plan_offsets(sizes, [tuple(live.get(i, (0, 0))) for i in range(len(sizes))])
+    pool = tirx.decl_buffer((total,), "uint8", name=POOL_NAME, scope=POOL_SCOPE)
+    views = []
+    for b, offset in zip(found.buffers, offsets):
+        elem_bytes = _bytes(b) // int(b.shape[0])
+        view = tirx.decl_buffer(b.shape, str(b.dtype), name=b.name, data=pool.data, scope=POOL_SCOPE)
+        views.append((view, offset // elem_bytes))
+    new_body = _rewrite(body, found, views, pool)
+    if found.touched(new_body):
+        return func  # a use this pass does not rewrite: leave the planning to TVM
+    new_body = tirx.SeqStmt([tirx.AllocBuffer(pool), *new_body.seq])
+    return func.with_body(_replace(func.body, body, new_body))
+
+
+def _shift(index, offset: int):
+    """index + offset, for a scalar index or a vector access's Ramp."""
+    if isinstance(index, tirx.Ramp):
+        return tirx.Ramp(index.base + offset, index.stride, index.lanes)
+    return index + offset
+
+
+def _rewrite(body, found: _Buffers, views: list, pool):
+    """Every access to a pooled buffer made through its view, at the view's offset."""
+    access_ptr, buffer_data = tvm.ir.Op.get("tirx.tvm_access_ptr"), tvm.ir.Op.get("tirx.buffer_data")
+
+    def load(node):  # a TensorLoad: `source` is the buffer
+        i = found.find(node.source)
+        if i is None:
+            return node
+        view, offset = views[i]
+        return tirx.BufferLoad(view, [_shift(node.indices[0], offset)])
+
+    def store(node):
+        i = found.find(node.buffer)
+        if i is None:
+            return node
+        view, offset = views[i]
+        return tirx.BufferStore(view, node.value, [_shift(node.indices[0], offset)])
+
+    def alloc(node):
+        i = found.find(node.buffer)
+        return node if i is None else tirx.DeclBuffer(views[i][0], data=pool.data)
+
+    def call(node):
+        source = node.args[1] if node.op.same_as(access_ptr) else None
+        if not (isinstance(source, tvm.ir.Call) and source.op.same_as(buffer_data)):
+            return node
+        i = found.find(source.args[0])
+        if i is None:
+            return node
+        elem_bits = tvm.DataType(str(node.args[0].ty.dtype)).bits  # args[0]: type_annotation(elem)
+        shift = views[i][1] * tvm.DataType(str(found.buffers[i].dtype)).bits // elem_bits
+        # through the view's data: LowerIntrin checks the element type against the buffer named here
+        args = [node.args[0], views[i][0].data, node.args[2] + shift, node.args[3], node.args[4]]
+        return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
+
+    return tvm_ffi.structural_map(body, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store),
+                                         (tirx.AllocBuffer, alloc), (tvm.ir.Call, call)])
+
+
+def _replace(root, old, new):
+    if root.same_as(old):
+        return new
+    return tvm_ffi.structural_map(root, [(tirx.SeqStmt, lambda s: new if s.same_as(old) else s)], order="pre")
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.PoolSharedMemory")
+def PoolSharedMemory(func, mod, ctx):  # noqa: N802 (TVM's pass naming)
+    if not func.attrs or not func.attrs.get(POOL_ATTR, False):
+        return func
+    return pool_shared_memory(func)
+
+
+def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """StorageRewrite points every access pointer into the pool at the pool itself (bytes), and
+    LowerIntrin then rejects those of fp16/fp32 elements: point each at a view of its element type."""
+    pools = []
+    tvm_ffi.structural_walk(func.body, [(tirx.AllocBuffer, lambda s: pools.append(s) if s.buffer.name == POOL_NAME else None)])
+    if len(pools) != 1:
+        return func
+    pool = pools[0].buffer
+    access_ptr, buffer_data = tvm.ir.Op.get("tirx.tvm_access_ptr"), tvm.ir.Op.get("tirx.buffer_data")
+    views: dict[str, object] = {}
+
+    def is_pool(source):
+        if isinstance(source, tvm.ir.Call) and source.op.same_as(buffer_data):
+            source = source.args[0]
+        return source.same_as(pool)
+
+    def call(node):
+        if not node.op.same_as(access_ptr) or not is_pool(node.args[1]):
+            return node
+        dtype = str(node.args[0].ty.dtype)
+        if dtype == "uint8":
+            return node
+        if dtype not in views:
+            count = _bytes(pool) * 8 // tvm.DataType(dtype).bits
+            views[dtype] = tirx.decl_buffer((count,), dtype, name=f"{POOL_NAME}_{dtype}", data=pool.data, scope=POOL_SCOPE)
+        args = [node.args[0], views[dtype].data, *node.args[2:]]
+        return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
+
+    body = tvm_ffi.structural_map(func.body, [(tvm.ir.Call, call)])
+    if not views:
+        return func
+    declared = [tirx.DeclBuffer(v, data=pool.data) for v in views.values()]
+
+    def declare(seq):
+        if not any(s.same_as(pools[0]) for s in seq.seq):
+            return seq
+        out = []
+        for s in seq.seq:
+            out.append(s)
+            if s.same_as(pools[0]):
+                out.extend(declared)
+        return tirx.SeqStmt(out)
+
+    return func.with_body(tvm_ffi.structural_map(body, [(tirx.SeqStmt, declare)]))
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.TypedPoolAccess")
+def TypedPoolAccess(func, mod, ctx):  # noqa: N802
+    if not func.attrs or not func.attrs.get(POOL_ATTR, False):
+        return func
+    return typed_pool_access(func)
+
+
+def _pipeline():
+    """TVM 0.27's default s_tir lowering (tvm/s_tir/pipeline.py) with PoolSharedMemory right before
+    StorageRewrite. A copy of TVM's list: tests/test_lower.py checks it still equals TVM's."""
+    from tvm.s_tir.pipeline import finalize_device_passes, finalize_host_passes
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_b2b_pipeline")
+    def run(mod, _ctx):
+        config = tvm.transform.PassContext.current().config
+        flag = lambda key: bool(config.get(key, False))  # noqa: E731
+        passes = [
+            s_tir.transform.CanonicalizeLoop(), s_tir.transform.LowerCrossThreadReduction(),
+            s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.LiftThreadBinding(),
+            s_tir.transform.ManifestSharedMemoryLocalStage(), s_tir.transform.CompactBufferAllocation(),
+            s_tir.transform.LowerAutoCopy(), s_tir.transform.UnifyThreadBinding(),
+            s_tir.transform.LowerMatchBuffer(), s_tir.transform.StmtSimplify(),
+            s_tir.transform.InjectPermutedLayout(), s_tir.transform.AnnotateIrregularLoop(),
+            s_tir.transform.InjectSoftwarePipeline(), s_tir.transform.TransformMmaBufferLayout(),
+            s_tir.transform.LowerOpaqueBlock(), tirx.transform.FlattenBuffer(),
+            tirx.transform.BF16ComputeLegalize(), tirx.transform.NarrowDataType(32),
+            s_tir.transform.LoopPartition(), tirx.transform.VectorizeLoop(not flag("tirx.disable_vectorize")),
+            s_tir.transform.InjectVirtualThread(), s_tir.transform.InjectDoubleBuffer(),
+            PoolSharedMemory,
+        ]
+        if not flag("tirx.disable_storage_rewrite"):
+            passes += [tirx.transform.StorageRewrite(), TypedPoolAccess]
+        if flag("tirx.use_async_copy"):
+            passes.append(s_tir.transform.LowerAsyncDMA())
+        passes += [
+            s_tir.transform.HoistIfThenElse(), tirx.transform.UnrollLoop(),
+            s_tir.transform.RenormalizeSplitPattern(), tirx.transform.StmtSimplify(),
+            tirx.transform.RemoveNoOp(), s_tir.transform.RewriteUnsafeSelect(),
+        ]
+        if flag("tirx.instrument_bound_checkers"):
+            passes.append(s_tir.transform.InstrumentBoundCheckers())
+        if flag("tirx.s_tir.ldg32"):
+            passes.append(s_tir.transform.InjectPTXLDG32(True))
+        if not flag("tirx.disable_cse_tir"):
+            passes.append(tirx.transform.CommonSubexprElim())
+        if flag("tirx.instrument_lwp"):
+            passes.append(s_tir.transform.InstrumentProfileIntrinsics())
+        passes += [
+            tirx.transform.FP8ComputeLegalize(), s_tir.transform.VerifyVTCMLimit(),
+            s_tir.transform.LowerVtcmAlloc(), tirx.transform.VerifyMemory(),
+            tirx.transform.AnnotateEntryFunc(), s_tir.transform.ThreadSync("shared"),
+            s_tir.transform.ThreadSync("shared.dyn"), s_tir.transform.ThreadSync("warp"),
+            s_tir.transform.InferFragment(), s_tir.transform.LowerThreadAllreduce(),
+        ]
+        if flag("tirx.use_async_copy"):
+            passes.append(s_tir.transform.InjectPTXAsyncCopy())
+        if flag("tirx.s_tir.ldg32"):
+            passes.append(s_tir.transform.InjectPTXLDG32())
+        passes += [
+            s_tir.transform.MergeSharedMemoryAllocations(), tirx.transform.SplitHostDevice(),
+            tirx.transform.MakePackedAPI(), tirx.transform.FP8StorageLegalize(),
+            tirx.transform.BF16StorageLegalize(),
+        ]
+        return tvm.ir.transform.Sequential(passes)(mod)
+
+    return run, finalize_host_passes, finalize_device_passes
+
+
+def register_pipeline() -> str:
+    """Registers our pipeline with TVM (idempotent); its name, for tvm.compile(tir_pipeline=...)."""
+    from tvm.tirx import compilation_pipeline
+
+    compilation_pipeline.PIPELINE_MAP.setdefault(PIPELINE, _pipeline)
+    return PIPELINE
