@@ -1,7 +1,9 @@
 """Ship a tuning database: the best records of each workload of DB into schedules/<gpu>-<arch>/,
 with specs.txt and a README (workloads, trials, date, TVM version).
 
-Run where the database was tuned (the GPU machine):  python3 bench/ship_schedules.py DB [--top 3]
+On the GPU machine it was tuned on:  python3 bench/ship_schedules.py DB [DB ...] [--top 3]
+Elsewhere, name the GPU:             python3 bench/ship_schedules.py DB... --gpu "NVIDIA H200" --arch sm_90
+Several databases are merged first (e.g. the shipped one and a new tuning run).
 """
 from __future__ import annotations
 
@@ -22,20 +24,24 @@ from tvm_b2b.tune.space import config_of  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("db", help="the tuning database (tvm-b2b tune --db)")
+    parser.add_argument("db", nargs="+", help="tuning databases (tvm-b2b tune --db)")
     parser.add_argument("--top", type=int, default=3, help="records kept per workload")
-    parser.add_argument("--out", help="destination (default schedules/<local gpu>-<arch>)")
+    parser.add_argument("--out", help="destination (default schedules/<gpu>-<arch>)")
+    parser.add_argument("--gpu", help="the GPU's name as CUDA reports it (default: the local GPU's)")
+    parser.add_argument("--arch", help="its arch, sm_XX (default: the local GPU's)")
     args = parser.parse_args()
     import tvm
 
-    arch = local_cuda_arch()
-    out = args.out or os.path.join(database.schedules_root(), database.database_name(database.local_gpu_name(), arch))
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    kept = database.prune(args.db, tmp, args.top)
-    source = database.TuningDatabase(args.db)
-    specs = [FusedConvSpec.parse(s) for s in open(os.path.join(args.db, "specs.txt")).read().split()]
-    target = parse_target("cuda")
+    arch, gpu = args.arch or local_cuda_arch(), args.gpu or database.local_gpu_name()
+    out = args.out or os.path.join(database.schedules_root(), database.database_name(gpu, arch))
+    tmp, merged = out + ".tmp", out + ".merged"
+    for path in (tmp, merged):
+        shutil.rmtree(path, ignore_errors=True)
+    database.merge(args.db, merged)
+    kept = database.prune(merged, tmp, args.top)
+    source = database.TuningDatabase(merged)
+    specs = [FusedConvSpec.parse(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]
+    target = parse_target(f"cuda:{arch}")
     rows = []
     for spec in specs:
         mod = workload(spec)
@@ -45,13 +51,14 @@ def main() -> int:
             rows.append(f"| `{spec.to_string()}` | {len(source.records_for(mod))} | {us:.1f} | `{config_of(best.trace).to_string()}` |")
     database.record_specs(tmp, [s for s in specs if database.best_record(source, workload(s), target)])
     with open(os.path.join(tmp, "README.md"), "w") as f:
-        f.write(f"# Tuned schedules: {database.local_gpu_name()} ({arch})\n\n"
+        f.write(f"# Tuned schedules: {gpu} ({arch})\n\n"
                 f"MetaSchedule JSON database (stock `ms.database.JSONDatabase` reads it), the {args.top} best records "
                 f"per workload, {kept} in all. Tuned {datetime.date.today()} with TVM {tvm.__version__} by "
                 f"`tvm-b2b tune` (XGBoost cost model, evolutionary search); times are MetaSchedule's runner "
-                f"(mean of 3 x 20 runs). Specs not listed build with the default parameters.\n\n| spec | trials | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+                f"(mean of 3 x 20 runs). Specs not listed build with the default parameters.\n\n| spec | records | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
+    shutil.rmtree(merged, ignore_errors=True)
     print(f"shipped {kept} records of {len(rows)} workloads to {out}")
     return 0
 

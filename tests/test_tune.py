@@ -99,6 +99,23 @@ def test_database_round_trip(tuned_dir):
     assert "__launch_bounds__(128)" in build(SPEC, target, db=None).source()
 
 
+def test_ship_merges_databases(tuned_dir, tmp_path):
+    """ship_schedules merges databases (the shipped one and a new run) and keeps the best of each workload."""
+    target = parse_target("cuda:sm_90")
+    other = database.TuningDatabase(tmp_path / "other")
+    _record(other, OTHER, target, SLOW, 5e-5)
+    _record(other, SPEC, target, SLOW, 1e-5)  # now the fastest record of SPEC
+    database.record_specs(tmp_path / "other", [OTHER])
+    out = tmp_path / "shipped"
+    run = subprocess.run([sys.executable, "bench/ship_schedules.py", str(tuned_dir), str(tmp_path / "other"), "--top", "2",
+                          "--gpu", "NVIDIA H200", "--arch", "sm_90", "--out", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-1500:]
+    shipped = database.TuningDatabase(out)
+    assert len(shipped.records_for(cuda_wmma.workload(SPEC))) == 2 and len(shipped.records_for(cuda_wmma.workload(OTHER))) == 1
+    assert resolve_config(SPEC, target, True, None, out) == SLOW
+    assert OTHER.to_string() in (out / "specs.txt").read_text() and "NVIDIA H200 (sm_90)" in (out / "README.md").read_text()
+
+
 def test_records_apply_only_to_their_workload_and_arch(tuned_dir):
     assert resolve_config(OTHER, parse_target("cuda:sm_90"), True, None, tuned_dir) is None
     assert resolve_config(SPEC, parse_target("cuda:sm_80"), True, None, tuned_dir) is None
@@ -198,13 +215,13 @@ def test_tune_cli_errors_are_one_line(tmp_path, capsys):
 
 def test_shipped_h200_database_is_used_when_cross_building(capsys):
     """The repo's schedules/nvidia-h200-sm_90 holds a record for this bench spec: a cross-build for
-    sm_90 takes it (256 threads), --no-db the defaults (128)."""
+    sm_90 takes it, --no-db the defaults."""
     from tvm_b2b.cli import main
 
     spec = "n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16"
     target = parse_target("cuda:sm_90")
     tuned = resolve_config(FusedConvSpec.parse(spec), target, True)
-    assert tuned is not None and tuned.threads == 256
+    assert tuned is not None and tuned != cuda_wmma.default_config(FusedConvSpec.parse(spec))
     assert main(["op", "--spec", spec, "--target", "cuda:sm_90"]) == 0
     assert f"config  tuned record: {tuned.to_string()}" in capsys.readouterr().out
     assert main(["op", "--spec", spec, "--target", "cuda:sm_90", "--no-db"]) == 0

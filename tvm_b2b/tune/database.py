@@ -196,6 +196,19 @@ def record_specs(directory, specs) -> None:
     os.replace(tmp, path)
 
 
+def merge(sources, destination) -> None:
+    """Every record of the `sources` databases appended to the one at `destination`."""
+    dst = TuningDatabase(destination)
+    for source in sources:
+        for record in TuningDatabase(source).get_all_tuning_records():
+            workload = dst.commit_workload(record.workload.mod)
+            dst.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info))
+        if (Path(source) / "specs.txt").exists():
+            from ..op.spec import FusedConvSpec
+
+            record_specs(destination, [FusedConvSpec.parse(s) for s in (Path(source) / "specs.txt").read_text().split()])
+
+
 def prune(source, destination, top: int = 3) -> int:
     """Copies the `top` fastest valid records of each workload of `source` into a new database
     at `destination` (what ships in schedules/); returns how many."""
