@@ -165,11 +165,4 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     kernels = scheduled_funcs(spec, target, fused, config)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
     mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    try:
-        executable = compile_module(mod, target)
-    except tvm.error.InternalError as err:
-        if "Cannot find warp index" not in str(err):
-            raise
-        raise ValueError(f"config: TVM 0.27 cannot build {config} (LowerWarpMemory fails on this mma=1 tiling); "
-                         "choose other tiles or mma=0") from None
-    return FusedKernel(spec, target, executable, names, kernels.mid_shape, config)
+    return FusedKernel(spec, target, compile_module(mod, target), names, kernels.mid_shape, config)
