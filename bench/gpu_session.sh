@@ -5,7 +5,7 @@
 #                                            .tune/db), for at most MIN minutes; copy the database out
 #   bash bench/gpu_session.sh bench          ship .tune/db's best records, benchmarks (default vs tuned), model bench
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
-#   bash bench/gpu_session.sh tests          every GPU test, log to $OUT
+#   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -25,8 +25,14 @@ case "$1" in
       --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
     timeout 120 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -15
     ;;
-  tests)
-    timeout 560 python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -40 | tee "$out/gpu_tests.log"
+  tests)  # the kernel's GPU tests (~80 builds: most of a 10-minute call); failures one line each
+    timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py > "$out/gpu_tests_kernel.log" 2>&1
+    tail -30 "$out/gpu_tests_kernel.log"
+    ;;
+  tests2)  # every other GPU test (ONNX models on CUDA, tuning, shipped records)
+    timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests --deselect tests/test_cuda_kernel.py \
+      > "$out/gpu_tests_other.log" 2>&1
+    tail -30 "$out/gpu_tests_other.log"
     ;;
   model)
     timeout 130 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -8
