@@ -1,14 +1,16 @@
 """Our lowering (tvm_b2b.lower): the shared-memory plan never overlaps live buffers, the pool pass
 leaves one dynamic shared allocation, and the pipeline is TVM's with our passes added."""
+import pytest
 import tvm
+import tvm_ffi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cuda_source import kernels
 from tvm_b2b import FusedConvSpec
 from tvm_b2b.kernel import compile_module
-from tvm_b2b.lower import ALIGN, plan_offsets, register_pipeline
-from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs
+from tvm_b2b.lower import ALIGN, POOL_NAME, plan_offsets, register_pipeline
+from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
 from tvm_b2b.target import parse_target
 
 SPEC = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16")
@@ -66,3 +68,37 @@ def test_fused_kernel_has_one_shared_pool():
     source = compile_module(tvm.IRModule({"main": func}), target).mod.imports[0].inspect_source()
     assert len(kernels(source)) == 1
     assert source.count("extern __shared__") == 1 and "b2b_shared_pool" in source
+
+
+WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dtype="float16")
+
+
+@pytest.mark.parametrize(("spec", "config"), [
+    (WIDE, "m_tile=32,warps_m=2,warps_n=4,k_tile=16,n1_tile=256,n2_tile=512,pipeline=1"),  # was under-estimated
+    (WIDE, "m_tile=64,warps_m=4,warps_n=4,k_tile=16,n1_tile=128,n2_tile=512,pipeline=1"),
+    (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=1"), (SPEC, WmmaConfig().to_string()),
+], ids=lambda v: v if isinstance(v, str) else v.to_string())
+def test_shared_bytes_bounds_the_planned_pool(spec, config):
+    """cuda_wmma.shared_bytes decides fusing vs two kernels and which tuning draws fit the GPU: it must
+    never be below the pool PoolSharedMemory plans."""
+    cfg = WmmaConfig.parse(config)
+    target = parse_target("cuda:sm_90")
+    planned = []
+
+    @tvm.ir.instrument.pass_instrument
+    class Grab:
+        def run_after_pass(self, mod, info):
+            if info.name == "tvm_b2b.PoolSharedMemory":
+                walk = [s.buffer for s in _allocs(mod["main"].body) if s.buffer.name == POOL_NAME]
+                planned.extend(int(b.shape[0]) for b in walk)
+
+    func = scheduled_funcs(spec, target, True, cfg).funcs[0]
+    with tvm.transform.PassContext(config={"tirx.use_async_copy": True}, instruments=[Grab()]):
+        tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=register_pipeline())
+    assert len(planned) == 1 and 0 < planned[0] <= shared_bytes(spec, cfg)
+
+
+def _allocs(body):
+    found = []
+    tvm_ffi.structural_walk(body, [(tvm.tirx.AllocBuffer, found.append)])
+    return found

@@ -46,6 +46,7 @@ KNOBS: dict[str, tuple[int, ...]] = {
     "frags_k": (1, 2, 4),  # conv1 reduction fragments per shared-memory step: k_tile = 16 * frags_k
 }
 CHANNEL_UNIT = 64  # channels and the 3x3 reduction are padded to this: every channel tile divides
+CONV2_K_FRAGS = 2  # conv2's reduction step in fragments (32 channels): divides the padded k1
 
 
 @dataclass(frozen=True)
@@ -149,16 +150,17 @@ def _aligned_row(row: int, factor: int, offset: int) -> int:
 
 
 def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
-    """Shared memory the fused kernel needs, with the padded row strides the schedule asks for
-    (upper bound: TVM may overlap dead buffers): the intermediate, one chunk of fp32
-    accumulators, the operand tiles."""
+    """Shared memory the fused kernel needs, with the padded row strides the schedule asks for: an
+    upper bound of what tvm_b2b.lower plans (each GEMM's phase holds the intermediate, one chunk of
+    fp32 accumulators and its operand tiles; tests/test_lower.py checks the bound)."""
     ext, e = extents(spec), DTYPE_BYTES[spec.dtype]
     mid = cfg.m_tile * _aligned_row(ext["k1"], 64, 8) * e
     acc = cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
     stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
-    stage2 = cfg.k_tile * _aligned_row(cfg.n2_tile, 64, 8)
+    stage2 = CONV2_K_FRAGS * MMA * _aligned_row(cfg.n2_tile, 64, 8)
     copies = 2 if cfg.pipeline else 1  # double-buffered when pipelined
-    return mid + acc + e * max(stage1, stage2) * copies
+    alignment = 6 * 128  # tvm_b2b.lower starts each of (at most 6) buffers on a 128-byte boundary
+    return mid + acc + e * max(stage1, stage2) * copies + alignment
 
 
 FUSION_MAX_K1 = 64
@@ -276,8 +278,7 @@ class WmmaFusedSchedule:
 
     def _stage2(self, fused: bool):
         sch, spec = self.sch, self.spec
-        # two fragments (32) per step: divides the padded k1 (a multiple of CHANNEL_UNIT)
-        g = self._gemm(sch.get_sblock("conv2"), self.knob["frags_n2"], 2)
+        g = self._gemm(sch.get_sblock("conv2"), self.knob["frags_n2"], CONV2_K_FRAGS)
         if not fused:  # mid comes from global memory: stage it like any operand
             self._to_shared(g, 0, 8)
         self._to_shared(g, 1, vector_lanes(spec.k2, 8))
