@@ -87,7 +87,7 @@ def test_pipelined_config_builds(arch, local_arches, tmp_path):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_mma_config_builds(arch, local_arches, tmp_path):
     """mma=1: ldmatrix + mma.sync m16n8k16 (fragments in registers) for both GEMMs, two kernels (the
-    fused kernel's conv2 accumulators are left unlowered by TVM 0.27: refused)."""
+    fused mma kernel is refused until it has run right on a GPU)."""
     with pytest.raises(ValueError, match="mma=1 builds the two-kernel form only"):
         build(SPECS[0], f"cuda:{arch}", config="mma=1", db=None)
     source = build(SPECS[0], f"cuda:{arch}", fused=False, config="mma=1", db=None).source()

@@ -1,5 +1,7 @@
 """Our lowering (tvm_b2b.lower): the shared-memory plan never overlaps live buffers, the pool pass
 leaves one dynamic shared allocation, and the pipeline is TVM's with our passes added."""
+import re
+
 import pytest
 import tvm
 import tvm_ffi
@@ -14,7 +16,8 @@ from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
 from tvm_b2b.target import parse_target
 
 SPEC = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16")
-OURS = {"tvm_b2b.PoolSharedMemory", "tvm_b2b.TypedPoolAccess"}
+OURS = {"tvm_b2b.PoolSharedMemory", "tvm_b2b.TypedPoolAccess", "tvm_b2b.CommonSubexprElimKeepingWarpIndex",
+        "tvm_b2b.LowerAllWarpMemory"}
 
 
 @settings(max_examples=200, deadline=None)
@@ -102,3 +105,26 @@ def _allocs(body):
     found = []
     tvm_ffi.structural_walk(body, [(tvm.tirx.AllocBuffer, found.append)])
     return found
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_every_mma_fragment_is_lowered_to_registers(fused):
+    """TVM 0.27 alone lowers only the first warp-memory buffer of a kernel: the fused kernel's conv2
+    accumulators stayed a 1024-element per-thread array (wrong results on the H200) and every ldmatrix
+    operand a 512-element one. With LowerAllWarpMemory: 8 registers per 16x16 fragment and thread."""
+    target = parse_target("cuda:sm_90")
+    cfg = WmmaConfig.parse("mma=1")
+    funcs = _mma_funcs(SPEC, target, fused, cfg)
+    source = compile_module(tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)}), target).mod.imports[0].inspect_source()
+    sizes = {name: int(n) for name, n in re.findall(r"(?:float|half) (\w+_warp_ptr)\[(\d+)\]", source)}
+    assert sizes and all(n <= 32 for n in sizes.values()), sizes
+
+
+def _mma_funcs(spec, target, fused, cfg):
+    """The scheduled kernels, also for the fused mma kernel that scheduled_funcs refuses."""
+    from tvm_b2b.op.compute import fused_prim_func
+    from tvm_b2b.schedule import cuda_wmma
+
+    if not fused:
+        return scheduled_funcs(spec, target, False, cfg).funcs
+    return [cuda_wmma.schedule(fused_prim_func(spec, cuda_wmma.extents(spec)), spec, cfg, 90)]

@@ -1,4 +1,6 @@
-"""Lowering of our CUDA kernels: TVM 0.27's s_tir pipeline with one pass added, PoolSharedMemory.
+"""Lowering of our CUDA kernels: TVM 0.27's s_tir pipeline with our passes added: PoolSharedMemory
+(below) and, for ldmatrix/mma kernels, LowerAllWarpMemory with a CSE that keeps the lane index
+visible (see their docstrings).
 
 Why: the fused kernel keeps buffers of two element types in dynamic shared memory (fp16 operand
 tiles and `mid`, fp32 accumulator staging). TVM 0.27 plans their reuse wrongly in two places:
@@ -282,7 +284,7 @@ def _pipeline():
         if flag("tirx.s_tir.ldg32"):
             passes.append(s_tir.transform.InjectPTXLDG32(True))
         if not flag("tirx.disable_cse_tir"):
-            passes.append(tirx.transform.CommonSubexprElim())
+            passes.append(_CommonSubexprElimKeepingWarpIndex)
         if flag("tirx.instrument_lwp"):
             passes.append(s_tir.transform.InstrumentProfileIntrinsics())
         passes += [
@@ -303,7 +305,39 @@ def _pipeline():
         ]
         return tvm.ir.transform.Sequential(passes)(mod)
 
-    return run, finalize_host_passes, finalize_device_passes
+    def device_passes():
+        return tvm.ir.transform.Sequential([LowerAllWarpMemory, *finalize_device_passes().passes])
+
+    return run, finalize_host_passes, device_passes
+
+
+def _has_warp_memory(func) -> bool:
+    found = []
+    tvm_ffi.structural_walk(func.body, [(tirx.AllocBuffer, lambda s: found.append(s) if s.buffer.scope() == "warp" else None)])
+    return bool(found)
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.CommonSubexprElimKeepingWarpIndex")
+def _CommonSubexprElimKeepingWarpIndex(func, mod, ctx):  # noqa: N802
+    """TVM's CSE, except on kernels with warp memory (ldmatrix/mma fragments): it hoists
+    `threadIdx.x * 8` of the ldmatrix offsets into a variable, and LowerWarpMemory then cannot find
+    the lane's coefficient ("require positive constant coefficient on warp index")."""
+    if _has_warp_memory(func):
+        return func
+    return tirx.transform.CommonSubexprElim()(tvm.IRModule({"main": func}))["main"]
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_b2b.LowerAllWarpMemory")
+def LowerAllWarpMemory(mod, _ctx):  # noqa: N802
+    """TVM 0.27's LowerWarpMemory lowers only the first warp-memory allocation of a statement
+    sequence (it stops after rewriting it): the rest stay per-warp arrays that the mma intrinsics
+    index as if lowered (wrong results for the fused kernel's second accumulator; operand fragments
+    in local memory). Run it until no warp allocation is left (one per run), at most 16 times."""
+    for _ in range(16):
+        if not any(isinstance(f, tirx.PrimFunc) and _has_warp_memory(f) for f in mod.functions.values()):
+            break
+        mod = tirx.transform.LowerWarpMemory()(mod)
+    return mod
 
 
 def register_pipeline() -> str:
