@@ -4,14 +4,13 @@ import re
 
 import pytest
 import tvm
-import tvm_ffi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cuda_source import kernels
 from tvm_b2b import FusedConvSpec
 from tvm_b2b.kernel import compile_module
-from tvm_b2b.lower import ALIGN, POOL_NAME, plan_offsets, register_pipeline
+from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, plan_offsets, register_pipeline
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
 from tvm_b2b.target import parse_target
 
@@ -92,19 +91,13 @@ def test_shared_bytes_bounds_the_planned_pool(spec, config):
     class Grab:
         def run_after_pass(self, mod, info):
             if info.name == "tvm_b2b.PoolSharedMemory":
-                walk = [s.buffer for s in _allocs(mod["main"].body) if s.buffer.name == POOL_NAME]
-                planned.extend(int(b.shape[0]) for b in walk)
+                pools = _allocations(mod["main"].body, lambda b: b.name == POOL_NAME)
+                planned.extend(int(s.buffer.shape[0]) for s in pools)
 
     func = scheduled_funcs(spec, target, True, cfg).funcs[0]
     with tvm.transform.PassContext(config={"tirx.use_async_copy": True}, instruments=[Grab()]):
         tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=register_pipeline())
     assert len(planned) == 1 and 0 < planned[0] <= shared_bytes(spec, cfg)
-
-
-def _allocs(body):
-    found = []
-    tvm_ffi.structural_walk(body, [(tvm.tirx.AllocBuffer, found.append)])
-    return found
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])

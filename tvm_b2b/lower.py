@@ -29,6 +29,7 @@ POOL_SCOPE = "shared.dyn"
 POOL_NAME = "b2b_shared_pool"
 ALIGN = 128  # bytes: every view starts on a 128-byte boundary (cp.async, ldmatrix and WMMA need 16-32)
 PIPELINE = "tvm_b2b"
+ACCESS_PTR, BUFFER_DATA = tvm.ir.Op.get("tirx.tvm_access_ptr"), tvm.ir.Op.get("tirx.buffer_data")
 
 
 def _bytes(buffer) -> int:
@@ -77,10 +78,15 @@ class _Buffers:
         return seen
 
 
-def _dynamic_shared_buffers(body) -> list:
+def _allocations(stmt, keep) -> list:
+    """The AllocBuffer statements inside `stmt` whose buffer `keep` accepts."""
     found = []
-    tvm_ffi.structural_walk(body, [(tirx.AllocBuffer, lambda s: found.append(s.buffer) if s.buffer.scope() == POOL_SCOPE else None)])
+    tvm_ffi.structural_walk(stmt, [(tirx.AllocBuffer, lambda s: found.append(s) if keep(s.buffer) else None)])
     return found
+
+
+def _ours(func) -> bool:
+    return bool(func.attrs and func.attrs.get(POOL_ATTR, False))
 
 
 def plan_offsets(sizes: list[int], live: list[tuple[int, int]]) -> tuple[list[int], int]:
@@ -110,7 +116,7 @@ def pool_shared_memory(func: tirx.PrimFunc) -> tirx.PrimFunc:
     body = _kernel_body(func.body)
     if body is None:
         return func
-    found = _Buffers(_dynamic_shared_buffers(body))
+    found = _Buffers([s.buffer for s in _allocations(body, lambda b: b.scope() == POOL_SCOPE)])
     if len(found.buffers) < 2 or any(len(b.shape) != 1 for b in found.buffers):
         return func  # nothing to plan, or not flattened
     live: dict[int, list[int]] = {}
@@ -143,7 +149,6 @@ def _shift(index, offset: int):
 
 def _rewrite(body, found: _Buffers, views: list, pool):
     """Every access to a pooled buffer made through its view, at the view's offset."""
-    access_ptr, buffer_data = tvm.ir.Op.get("tirx.tvm_access_ptr"), tvm.ir.Op.get("tirx.buffer_data")
 
     def load(node):  # a TensorLoad: `source` is the buffer
         i = found.find(node.source)
@@ -164,8 +169,8 @@ def _rewrite(body, found: _Buffers, views: list, pool):
         return node if i is None else tirx.DeclBuffer(views[i][0], data=pool.data)
 
     def call(node):
-        source = node.args[1] if node.op.same_as(access_ptr) else None
-        if not (isinstance(source, tvm.ir.Call) and source.op.same_as(buffer_data)):
+        source = node.args[1] if node.op.same_as(ACCESS_PTR) else None
+        if not (isinstance(source, tvm.ir.Call) and source.op.same_as(BUFFER_DATA)):
             return node
         i = found.find(source.args[0])
         if i is None:
@@ -188,29 +193,25 @@ def _replace(root, old, new):
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.PoolSharedMemory")
 def PoolSharedMemory(func, mod, ctx):  # noqa: N802 (TVM's pass naming)
-    if not func.attrs or not func.attrs.get(POOL_ATTR, False):
-        return func
-    return pool_shared_memory(func)
+    return pool_shared_memory(func) if _ours(func) else func
 
 
 def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """StorageRewrite points every access pointer into the pool at the pool itself (bytes), and
     LowerIntrin then rejects those of fp16/fp32 elements: point each at a view of its element type."""
-    pools = []
-    tvm_ffi.structural_walk(func.body, [(tirx.AllocBuffer, lambda s: pools.append(s) if s.buffer.name == POOL_NAME else None)])
+    pools = _allocations(func.body, lambda b: b.name == POOL_NAME)
     if len(pools) != 1:
         return func
     pool = pools[0].buffer
-    access_ptr, buffer_data = tvm.ir.Op.get("tirx.tvm_access_ptr"), tvm.ir.Op.get("tirx.buffer_data")
     views: dict[str, object] = {}
 
     def is_pool(source):
-        if isinstance(source, tvm.ir.Call) and source.op.same_as(buffer_data):
+        if isinstance(source, tvm.ir.Call) and source.op.same_as(BUFFER_DATA):
             source = source.args[0]
         return source.same_as(pool)
 
     def call(node):
-        if not node.op.same_as(access_ptr) or not is_pool(node.args[1]):
+        if not node.op.same_as(ACCESS_PTR) or not is_pool(node.args[1]):
             return node
         dtype = str(node.args[0].ty.dtype)
         if dtype == "uint8":
@@ -241,9 +242,7 @@ def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.TypedPoolAccess")
 def TypedPoolAccess(func, mod, ctx):  # noqa: N802
-    if not func.attrs or not func.attrs.get(POOL_ATTR, False):
-        return func
-    return typed_pool_access(func)
+    return typed_pool_access(func) if _ours(func) else func
 
 
 def _pipeline():
@@ -312,9 +311,7 @@ def _pipeline():
 
 
 def _has_warp_memory(func) -> bool:
-    found = []
-    tvm_ffi.structural_walk(func.body, [(tirx.AllocBuffer, lambda s: found.append(s) if s.buffer.scope() == "warp" else None)])
-    return bool(found)
+    return bool(_allocations(func.body, lambda b: b.scope() == "warp"))
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.CommonSubexprElimKeepingWarpIndex")

@@ -17,6 +17,8 @@ from pathlib import Path
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
+from ..op.spec import FusedConvSpec
+
 log = logging.getLogger(__name__)
 
 WORKLOADS = "database_workload.json"
@@ -204,8 +206,6 @@ def merge(sources, destination) -> None:
             workload = dst.commit_workload(record.workload.mod)
             dst.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info))
         if (Path(source) / "specs.txt").exists():
-            from ..op.spec import FusedConvSpec
-
             record_specs(destination, [FusedConvSpec.parse(s) for s in (Path(source) / "specs.txt").read_text().split()])
 
 

@@ -1,6 +1,6 @@
 """The fused op's MetaSchedule design space: the CUDA schedule with its knobs
-(schedule.cuda_wmma.KNOBS) left to sample_categorical in two variants (WMMA with operand loads
-pipelined or not; mma=1 builds the two-kernel form only), a mutator that re-draws one knob, and a postprocessor that drops draws the
+(schedule.cuda_wmma.KNOBS) left to sample_categorical, pipelined or not (WMMA: mma=1 builds the
+two-kernel form only), a mutator that re-draws one knob, and a postprocessor that drops draws the
 spec or the GPU's shared memory cannot take."""
 from __future__ import annotations
 
@@ -69,16 +69,14 @@ class FitsTemplate(ms.postproc.PyPostproc):
 
 
 def design_space(spec: FusedConvSpec, arch: int):
-    """The space: one trace per variant (operand loads pipelined or not), whose knobs start at the default config (a space must produce valid
-    schedules) and are re-drawn by the search; draws that do not tile the spec fail in replay or in
-    FitsTemplate and are skipped."""
-
-    variants = [dict(pipeline=0), dict(pipeline=1)]
+    """The space: two traces, operand loads pipelined or not, whose knobs start at the default
+    config (a space must produce valid schedules) and are re-drawn by the search; draws that do
+    not tile the spec fail in replay or in FitsTemplate and are skipped."""
 
     def schedule_fn(sch):
         spaces = []
-        for variant in variants:
-            cfg = dataclasses.replace(cuda_wmma.default_config(spec), **variant)
+        for pipeline in (0, 1):
+            cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline)
             spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
         return spaces
 

@@ -57,15 +57,15 @@ class CheckedRun:
     def evaluate(self, rt_mod, device, evaluator_config, repeated_args):
         from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
-        from ..op.reference import compare
-
         import numpy as np
+
+        from ..op.reference import compare, np_dtype
 
         spec, (_, want) = self.spec, self._data()
         args = repeated_args[0]
         # NaN first: a kernel that leaves (part of) the output unwritten cannot pass on what an
         # earlier candidate left in reused memory
-        args[-1].copyfrom(np.full((spec.m, spec.k2), np.nan, dtype=args[-1].numpy().dtype))
+        args[-1].copyfrom(np.full((spec.m, spec.k2), np.nan, dtype=np_dtype(spec.dtype)))
         rt_mod[rt_mod.entry_name](*args)
         device.sync()
         err, ok = compare(spec, args[-1].numpy().reshape(spec.out_shape), want)
