@@ -245,6 +245,115 @@ def TypedPoolAccess(func, mod, ctx):  # noqa: N802
     return typed_pool_access(func) if _ours(func) else func
 
 
+SYNC, ADDRESS_OF = tvm.ir.Op.get("tirx.tvm_storage_sync"), tvm.ir.Op.get("tirx.address_of")
+
+
+def _is_sync(stmt) -> bool:
+    return isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call) and stmt.value.op.same_as(SYNC)
+
+
+def _leading_sync(body):
+    """(the barrier, the rest) when `body` starts with a barrier, else (None, body)."""
+    seq = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    if seq and isinstance(seq[0], tirx.SeqStmt):  # ThreadSync puts the barrier in a SeqStmt with the statement
+        seq = [*seq[0].seq, *seq[1:]]
+    if not seq or not _is_sync(seq[0]) or any(_is_sync(s) for s in seq[1:]):
+        return None, body
+    return seq[0], seq[1] if len(seq) == 2 else tirx.SeqStmt(seq[1:])
+
+
+def _bounded(func) -> "tvm.sym.Analyzer":
+    """An analyzer that knows the range of every loop, thread index and let variable of `func`."""
+    analyzer = tvm.sym.Analyzer()
+
+    def loop(node):
+        analyzer.bind(node.loop_var, tvm.ir.Range.from_min_extent(node.min, node.extent), allow_override=True)
+
+    def attr(node):
+        if node.attr_key == "thread_extent":
+            analyzer.bind(node.node.var, tvm.ir.Range.from_min_extent(0, node.value), allow_override=True)
+
+    def let(node):
+        analyzer.bind(node.var, node.value, allow_override=True)
+
+    # outer statements first: a let's value is bounded by the loops and threads around it
+    tvm_ffi.structural_walk(func.body, [(tirx.For, loop), (tirx.AttrStmt, attr), (tirx.Bind, let)], order="pre")
+    return analyzer
+
+
+def _byte_range(buffer, index, analyzer) -> tuple[int, int]:
+    """[first, last] byte of the pool that an access at `index` (scalar or Ramp) may touch."""
+    ends = [index.base, index.base + index.stride * (index.lanes - 1)] if isinstance(index, tirx.Ramp) else [index]
+    bounds = [analyzer.const_int_bound(e) for e in ends]
+    elem = tvm.DataType(str(buffer.dtype)).bits // 8
+    return min(b.min_value for b in bounds) * elem, (max(b.max_value for b in bounds) + 1) * elem - 1
+
+
+def _pool_views(func, pool) -> list:
+    """The pool and every buffer declared on its storage (the typed views, by DeclBuffer)."""
+    views = [pool]
+
+    def declared(node):
+        data = node.data
+        if isinstance(data, tvm.ir.Call) and data.op.same_as(BUFFER_DATA) and data.args[0].same_as(pool):
+            views.append(node.buffer)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.DeclBuffer, declared)])
+    return views
+
+
+def _pool_ranges(stmt, views, analyzer):
+    """(read byte ranges, written byte ranges) of the pool in `stmt`, or None when the pool is used
+    otherwise than by plain loads and stores (access pointers, async copies: not analyzed)."""
+    reads, writes, other = [], [], []
+    on_pool = lambda buffer: any(buffer.same_as(v) for v in views)  # noqa: E731
+
+    def load(node):  # a TensorLoad: `source` is the buffer
+        if on_pool(node.source):
+            reads.append(_byte_range(node.source, node.indices[0], analyzer))
+
+    def store(node):
+        if on_pool(node.buffer):
+            writes.append(_byte_range(node.buffer, node.indices[0], analyzer))
+
+    def call(node):  # a view passed by name (buffer_data, so tvm_access_ptr and copies) or by address
+        for arg in node.args:
+            if isinstance(arg, tvm.ir.Var) and on_pool(arg):
+                other.append(arg)
+            elif node.op.same_as(ADDRESS_OF) and isinstance(arg, tvm.ir.TensorLoad) and on_pool(arg.source):
+                other.append(arg)
+
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, load), (tirx.BufferStore, store), (tvm.ir.Call, call)])
+    return None if other else (reads, writes)
+
+
+def hoist_loop_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """ThreadSync compares shared accesses by buffer only, and sees the whole pool as one buffer: an
+    epilogue loop that reads fp32 accumulators and writes `mid` (other bytes of the pool) gets a
+    barrier in every iteration. Where the bytes a loop reads and the bytes it writes are provably
+    disjoint (over all its iterations and threads), iterations cannot race: the barrier moves before
+    the loop (where it still separates the loop from what came before)."""
+    pools = _allocations(func.body, lambda b: b.name == POOL_NAME)
+    if len(pools) != 1:
+        return func
+    views, analyzer = _pool_views(func, pools[0].buffer), _bounded(func)
+
+    def loop(node):
+        sync, rest = _leading_sync(node.body)
+        ranges = sync is not None and _pool_ranges(rest, views, analyzer)
+        if not ranges or any(r[0] <= w[1] and w[0] <= r[1] for r in ranges[0] for w in ranges[1]):
+            return node
+        return tirx.SeqStmt([sync, tirx.For(node.loop_var, node.min, node.extent, node.kind, rest,
+                                            node.thread_binding, node.annotations)])
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, loop)]))
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="tvm_b2b.HoistLoopSyncs")
+def HoistLoopSyncs(func, mod, ctx):  # noqa: N802
+    return hoist_loop_syncs(func) if _ours(func) else func
+
+
 def _pipeline():
     """TVM 0.27's default s_tir lowering (tvm/s_tir/pipeline.py) with PoolSharedMemory right before
     StorageRewrite. A copy of TVM's list: tests/test_lower.py checks it still equals TVM's."""
@@ -290,7 +399,7 @@ def _pipeline():
             tirx.transform.FP8ComputeLegalize(), s_tir.transform.VerifyVTCMLimit(),
             s_tir.transform.LowerVtcmAlloc(), tirx.transform.VerifyMemory(),
             tirx.transform.AnnotateEntryFunc(), s_tir.transform.ThreadSync("shared"),
-            s_tir.transform.ThreadSync("shared.dyn"), s_tir.transform.ThreadSync("warp"),
+            s_tir.transform.ThreadSync("shared.dyn"), HoistLoopSyncs, s_tir.transform.ThreadSync("warp"),
             s_tir.transform.InferFragment(), s_tir.transform.LowerThreadAllreduce(),
         ]
         if flag("tirx.use_async_copy"):
