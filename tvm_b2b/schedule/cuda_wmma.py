@@ -11,7 +11,7 @@ Each thread block owns `m_tile` output pixels (rows of both implicit GEMMs):
 All extents are padded per spec (`extents`: rows to 32/64/128, channels and the reduction to 64), so
 any shape is exact and every config schedules the same PrimFunc. Tile sizes are knobs (`KNOBS`)
 drawn with sample_categorical: fixed to a WmmaConfig for a build, searched by tvm_b2b.tune.
-`pipeline=1` double-buffers the operand tiles (cp.async on sm_80+). Shared memory is planned by
+`pipeline=d` loads the operand tiles d steps ahead into d+1 buffers (cp.async on sm_80+). Shared memory is planned by
 tvm_b2b.lower (functions marked POOL_ATTR), not by TVM 0.27 (which gets it wrong for many tilings).
 The same template, split after step 2 with `mid` in global memory, is the unfused baseline.
 """
@@ -46,6 +46,7 @@ KNOBS: dict[str, tuple[int, ...]] = {
     "frags_k": (1, 2, 4),  # conv1 reduction fragments per shared-memory step: k_tile = 16 * frags_k
 }
 CHANNEL_UNIT = 64  # channels and the 3x3 reduction are padded to this: every channel tile divides
+PIPELINE_DEPTHS = (0, 1, 2, 3)  # reduction steps the operand loads run ahead (0: not pipelined)
 CONV2_K_FRAGS = 2  # conv2's reduction step in fragments (32 channels): divides the padded k1
 
 
@@ -59,8 +60,8 @@ class WmmaConfig:
     k_tile: int = 32  # conv1 reduction depth staged in shared memory per step
     n1_tile: int = 64  # conv1 output channels per accumulator pass
     n2_tile: int = 64  # conv2 output channels per accumulator pass
-    pipeline: int = 0  # 1: operand tiles double-buffered, loaded (cp.async on sm_80+) one step ahead
-    mma: int = 0  # 1 (sm_80+): ldmatrix + mma.sync m16n8k16 instead of WMMA (two-kernel form only, see scheduled_funcs)
+    pipeline: int = 0  # d > 0: operand tiles loaded d reduction steps ahead (d + 1 buffers; cp.async on sm_80+)
+    mma: int = 0  # 1 (sm_80+): ldmatrix + mma.sync m16n8k16 (fragments in registers) instead of WMMA
 
     @property
     def threads(self) -> int:
@@ -134,6 +135,8 @@ def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaCo
     """The config if its tiles divide the spec's padded extents and the arch has what it uses,
     else ValueError naming the field."""
     cfg.knobs()
+    if cfg.pipeline not in PIPELINE_DEPTHS:
+        raise ValueError(f"config: pipeline={cfg.pipeline} is not a depth this template takes ({', '.join(map(str, PIPELINE_DEPTHS))})")
     if cfg.mma and arch < 80:
         raise ValueError(f"config: mma=1 needs sm_80 or newer (mma.sync m16n8k16), not sm_{arch}")
     ext = extents(spec)
@@ -158,7 +161,7 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     acc = cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
     stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
     stage2 = CONV2_K_FRAGS * MMA * _aligned_row(cfg.n2_tile, 64, 8)
-    copies = 2 if cfg.pipeline else 1  # double-buffered when pipelined
+    copies = cfg.pipeline + 1  # one buffer per step in flight
     alignment = 6 * 128  # tvm_b2b.lower starts each of (at most 6) buffers on a 128-byte boundary
     return mid + acc + e * max(stage1, stage2) * copies + alignment
 
@@ -195,6 +198,7 @@ class _Gemm:
         self.outer, self.inner, self.chunk, self.warp = outer, inner, chunk, warp
         self.k_outer, self.k_inner = k_outer, k_inner
         self.staged = 0  # operand copies inside k_outer
+        self.acc_name = ""  # the block storing the accumulators to shared memory
         self.tensorize_at: list = []
         self.init = None
 
@@ -224,7 +228,7 @@ class WmmaFusedSchedule:
                 "store": intrin.WMMA_STORE_16x16x16_F32_SHARED_DYN_INTRIN,
             }
         self.sch, self.spec = sch, spec
-        self.pipeline, self.arch = bool(cfg and cfg.pipeline), arch
+        self.pipeline, self.arch = cfg.pipeline if cfg else 0, arch
         chosen = cfg.knobs() if cfg else {}
         self.knob = {
             name: sch.sample_categorical(list(c), [1 / len(c)] * len(c),
@@ -337,7 +341,7 @@ class WmmaFusedSchedule:
         acc = sch.cache_write(g.outer, 0, "warp" if self.mma else "wmma.accumulator")
         sch.reverse_compute_at(acc, g.warp)
         sch.set_scope(acc, 0, "shared.dyn")
-        sch.storage_align(acc, 0, axis=-2, factor=32, offset=4)
+        g.acc_name = sch.get(acc).name_hint
         intrins = (self.intrin["load_a"], self.intrin["load_b"], self.intrin["store"])
         for block, intrin in zip((frag_a, frag_b, acc), intrins):
             i, j = sch.get_loops(block)[-2:]
@@ -352,9 +356,10 @@ class WmmaFusedSchedule:
             sch.transform_layout(acc, ("read", 0), layout)
         g.init = sch.decompose_reduction(g.outer, g.k_outer)
         if self.pipeline:
-            # k_outer's body: the operand copies, then the MMA loop; the copies run one step ahead
-            # (cp.async where the target has it: see kernel.compile_module)
-            sch.annotate(g.k_outer, "software_pipeline_stage", [0] * g.staged + [1])
+            # k_outer's body: the operand copies, then the MMA loop; the copies run `pipeline` steps
+            # ahead (cp.async where the target has it: see kernel.compile_module), which hides L2's
+            # latency when one step's MMAs take less time than a load
+            sch.annotate(g.k_outer, "software_pipeline_stage", [0] * g.staged + [self.pipeline])
             sch.annotate(g.k_outer, "software_pipeline_order", list(range(g.staged + 1)))
             if self.arch >= 80:  # cp.async exists from sm_80 on; before, copies go through registers
                 sch.annotate(g.k_outer, "software_pipeline_async_stages", [0])
@@ -366,6 +371,9 @@ class WmmaFusedSchedule:
         init_inner = sch.get_child_blocks(g.init)[0]
         sch.tensorize(sch.get_loops(init_inner)[-2], self.intrin["fill"])
         sch.tensorize(sch.get_loops(g.inner)[-3], self.intrin["sync"])
+        # pad the fp32 staging rows (64 floats would put every row of a fragment store on the same
+        # banks): after tensorize, which drops the annotations of the block it replaces
+        sch.storage_align(sch.get_sblock(g.acc_name + "_o"), 0, axis=-2, factor=32, offset=4)
 
 
 LDMATRIX_INDEX_MAP = "tirx.index_map.shared_16x16_to_ldmatrix_32x8_layout"
@@ -418,11 +426,6 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = check_config(spec, cfg or default_config(spec), arch)
-    if fused and cfg.mma:
-        # TVM 0.27 left the fused kernel's second accumulators unlowered (wrong results on the H200);
-        # tvm_b2b.lower.LowerAllWarpMemory lowers them now, but that kernel has not run on a GPU since
-        raise ValueError(f"config: {cfg.to_string()}: mma=1 builds the two-kernel form only (the fused mma kernel "
-                         "is not verified on a GPU yet); use mma=0, or build unfused")
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "
