@@ -86,16 +86,14 @@ def test_pipelined_config_builds(arch, local_arches, tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_mma_config_builds(arch, local_arches, tmp_path):
-    """mma=1: ldmatrix + mma.sync m16n8k16 (fragments in registers) for both GEMMs, two kernels (the
-    fused mma kernel is refused until it has run right on a GPU)."""
-    with pytest.raises(ValueError, match="mma=1 builds the two-kernel form only"):
-        build(SPECS[0], f"cuda:{arch}", config="mma=1", db=None)
-    source = build(SPECS[0], f"cuda:{arch}", fused=False, config="mma=1", db=None).source()
-    assert len(kernels(source)) == 2
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source and "ldmatrix.sync" in source
-    assert "wmma::" not in source
-    if arch in local_arches:
-        nvcc_compile(source, arch, tmp_path)
+    """mma=1: ldmatrix + mma.sync m16n8k16 (fragments in registers) for both GEMMs, fused or not."""
+    for fused, count in ((True, 1), (False, 2)):
+        source = build(SPECS[0], f"cuda:{arch}", fused=fused, config="mma=1", db=None).source()
+        assert len(kernels(source)) == count
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source and "ldmatrix.sync" in source
+        assert "wmma::" not in source
+        if arch in local_arches:
+            nvcc_compile(source, arch, tmp_path)
 
 
 WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dtype="float16")
@@ -116,7 +114,7 @@ def test_mma_needs_sm80():
 def test_formerly_unbuildable_configs_build(spec, config, local_arches, tmp_path):
     target = parse_target("cuda:sm_90")
     cfg = WmmaConfig.parse(config)
-    funcs = scheduled_funcs(spec, target, not cfg.mma, cfg).funcs  # mma: the two-kernel form
+    funcs = scheduled_funcs(spec, target, True, cfg).funcs
     source = compile_module(tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)}), target).mod.imports[0].inspect_source()
     assert len(kernels(source)) == len(funcs) and source.count("extern __shared__") == len(funcs)
     if "sm_90" in local_arches:

@@ -51,7 +51,8 @@ def test_space_draws_build(arch, tmp_path):
     assert len(draws) == 8
     configs = {space.config_of(s.trace) for s in draws}
     assert len(configs) > 1, "the draws should differ"
-    assert {c.pipeline for c in configs} == {0, 1}, "both spaces are drawn"
+    assert {c.pipeline for c in configs} == set(space.SEARCHED_DEPTHS), "every pipeline depth is drawn"
+    assert {c.mma for c in configs} == {0, 1}, "WMMA and mma.sync are drawn"
     compiled = set()
     for sch in draws:
         config = cuda_wmma.check_config(SPEC, space.config_of(sch.trace))
@@ -73,7 +74,8 @@ def _record(db, spec, target, cfg, secs):
     db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [secs], target, args))
 
 
-FAST = cuda_wmma.WmmaConfig(m_tile=32, warps_m=1, warps_n=4, k_tile=64, n1_tile=64, n2_tile=128)
+# an mma record: its trace holds index maps (the ldmatrix layouts), which TVM 0.27's as_json cannot write
+FAST = cuda_wmma.WmmaConfig(m_tile=32, warps_m=1, warps_n=4, k_tile=64, n1_tile=64, n2_tile=128, pipeline=2, mma=1)
 SLOW = cuda_wmma.WmmaConfig(m_tile=32)
 
 

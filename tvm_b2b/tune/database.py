@@ -36,6 +36,31 @@ def _append_line(path: Path, obj) -> None:
         os.close(fd)
 
 
+def record_json(record):
+    """A tuning record as plain JSON. TVM 0.27's TuningRecord.as_json fails on traces that hold an
+    index map (the ldmatrix layouts of the mma kernel: "Not supported type: IndexMap"); written as
+    TVM's own Trace.as_json writes them (tvm.ir.save_json), which TuningRecord.from_json reads back."""
+    from tvm.ir import save_json
+    from tvm.s_tir.meta_schedule.database.database import _ffi_api
+    from tvm.tirx import FloatImm, IndexMap, IntImm
+    from tvm_ffi import Array, Map
+
+    def plain(obj):
+        if isinstance(obj, Array):
+            return [plain(v) for v in obj]
+        if isinstance(obj, Map):
+            return {plain(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, IntImm | FloatImm):
+            return obj.value
+        if isinstance(obj, IndexMap):
+            return save_json(obj)
+        if obj is None or isinstance(obj, bool | int | float | str):
+            return obj
+        raise TypeError(f"tuning record: cannot write a {type(obj).__name__} as JSON")
+
+    return plain(_ffi_api.TuningRecordAsJSON(record))
+
+
 def _key(mod) -> int:
     import tvm_ffi
 
@@ -109,7 +134,7 @@ class TuningDatabase(ms.database.PyDatabase):
 
     def commit_tuning_record(self, record) -> None:
         index = self.workload_index[_key(record.workload.mod)]
-        _append_line(self.dir / RECORDS, [index, record.as_json()])
+        _append_line(self.dir / RECORDS, [index, record_json(record)])
         self._remember(record)
 
     def _remember(self, record) -> None:

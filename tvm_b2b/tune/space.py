@@ -1,6 +1,6 @@
 """The fused op's MetaSchedule design space: the CUDA schedule with its knobs
-(schedule.cuda_wmma.KNOBS) left to sample_categorical, pipelined or not (WMMA: mma=1 builds the
-two-kernel form only), a mutator that re-draws one knob, and a postprocessor that drops draws the
+(schedule.cuda_wmma.KNOBS) left to sample_categorical, one trace per pipeline depth and MMA
+instruction set, a mutator that re-draws one knob, and a postprocessor that drops draws the
 spec or the GPU's shared memory cannot take."""
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from tvm.ir.utils import derived_object
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
 from ..target import max_shared_bytes
+
+SEARCHED_DEPTHS = (0, 1, 2)  # pipeline depths tuned (3 rarely fits next to the intermediate)
 
 
 @derived_object
@@ -69,15 +71,17 @@ class FitsTemplate(ms.postproc.PyPostproc):
 
 
 def design_space(spec: FusedConvSpec, arch: int):
-    """The space: two traces, operand loads pipelined or not, whose knobs start at the default
-    config (a space must produce valid schedules) and are re-drawn by the search; draws that do
-    not tile the spec fail in replay or in FitsTemplate and are skipped."""
+    """The space: one trace per pipeline depth and MMA instruction set (WMMA; ldmatrix + mma.sync
+    from sm_80 on), whose knobs start at the default config (a space must produce valid schedules)
+    and are re-drawn by the search; draws that do not tile the spec fail in replay or in
+    FitsTemplate and are skipped."""
 
     def schedule_fn(sch):
         spaces = []
-        for pipeline in (0, 1):
-            cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline)
-            spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
+        for mma in (0, 1) if arch >= 80 else (0,):
+            for pipeline in SEARCHED_DEPTHS:
+                cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline, mma=mma)
+                spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
         return spaces
 
     return ms.space_generator.ScheduleFn(
@@ -91,7 +95,8 @@ def config_of(trace) -> cuda_wmma.WmmaConfig:
     knobs = {}
     for (name, candidates), inst in zip(cuda_wmma.KNOBS.items(), samples):
         knobs[name] = candidates[int(trace.decisions[inst])]
-    pipelined = any(inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)
-                    for inst in trace.insts)
+    stages = [inst.inputs[1] for inst in trace.insts
+              if inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)]
+    depth = max((int(s) for s in stages[0]), default=0) if stages else 0
     mma = any(inst.kind.name == "Tensorize" and "ldmatrix" in str(inst.attrs) for inst in trace.insts)
-    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=int(pipelined), mma=int(mma))
+    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=depth, mma=int(mma))
