@@ -22,6 +22,17 @@ from tvm_b2b.tune import database  # noqa: E402
 from tvm_b2b.tune.space import config_of  # noqa: E402
 
 
+HISTORY = "## History"
+
+
+def _history(readme: str) -> str:
+    """The hand-written part of a shipped README (from its History heading on), kept on reshipping."""
+    if not os.path.exists(readme):
+        return ""
+    text = open(readme).read()
+    return "\n" + text[text.index(HISTORY):] if HISTORY in text else ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db", nargs="+", help="tuning databases (tvm-b2b tune --db)")
@@ -51,12 +62,13 @@ def main() -> int:
             us = database.mean_us(best.run_secs)
             rows.append(f"| `{spec.to_string()}` | {len(source.records_for(mod))} | {us:.1f} | `{config_of(best.trace).to_string()}` |")
     database.record_specs(tmp, shipped)
+    history = _history(os.path.join(out, "README.md"))
     with open(os.path.join(tmp, "README.md"), "w") as f:
         f.write(f"# Tuned schedules: {gpu} ({arch})\n\n"
                 f"MetaSchedule JSON database (stock `ms.database.JSONDatabase` reads it), the {args.top} best records "
                 f"per workload, {kept} in all. Tuned {datetime.date.today()} with TVM {tvm.__version__} by "
                 f"`tvm-b2b tune` (XGBoost cost model, evolutionary search); times are MetaSchedule's runner "
-                f"(mean of 3 x 20 runs). Specs not listed build with the default parameters.\n\n| spec | records | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+                f"(mean of 3 x 20 runs). Specs not listed build with the default parameters.\n\n| spec | trials measured | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n" + history)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     shutil.rmtree(merged, ignore_errors=True)

@@ -109,13 +109,17 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     _record(other, SPEC, target, SLOW, 1e-5)  # now the fastest record of SPEC
     database.record_specs(tmp_path / "other", [OTHER])
     out = tmp_path / "shipped"
+    out.mkdir()
+    (out / "README.md").write_text("# old table\n\n## History\n- session 1: by hand\n")  # notes survive reshipping
     run = subprocess.run([sys.executable, "bench/ship_schedules.py", str(tuned_dir), str(tmp_path / "other"), "--top", "2",
                           "--gpu", "NVIDIA H200", "--arch", "sm_90", "--out", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-1500:]
     shipped = database.TuningDatabase(out)
     assert len(shipped.records_for(cuda_wmma.workload(SPEC))) == 2 and len(shipped.records_for(cuda_wmma.workload(OTHER))) == 1
     assert resolve_config(SPEC, target, True, None, out) == SLOW
-    assert OTHER.to_string() in (out / "specs.txt").read_text() and "NVIDIA H200 (sm_90)" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert OTHER.to_string() in (out / "specs.txt").read_text() and "NVIDIA H200 (sm_90)" in readme
+    assert "## History\n- session 1: by hand" in readme and "old table" not in readme
 
 
 def test_records_apply_only_to_their_workload_and_arch(tuned_dir):
