@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # One GPU-machine session step (see DEVELOPERS.md's device notes), run from the repo root after
 # `source .devcarry/tvm2/env.sh`. Logs and results go to $OUT (or bench/results/session).
-#   bash bench/gpu_session.sh tune MIN [N]   tune every bench case, N trials each (default 16; resumes
+#   [CASES="SPEC ..."] bash bench/gpu_session.sh tune MIN [N]   tune every bench case (or CASES), N trials each (default 16; resumes
 #                                            .tune/db), for at most MIN minutes; copy the database out
 #   bash bench/gpu_session.sh bench          ship .tune/db's best records, benchmarks (default vs tuned), model bench
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
+#   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
+#   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out="${OUT:-bench/results/session}"; mkdir -p "$out" .tune
+N32="n=32,h=56,w=56,c=64,k1=64,k2=128"
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
 case "$1" in
   tune)
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
-    specs=$(python3 bench/bench_fused.py --list | sed 's/^/--spec /')
+    specs=$( (if [ -n "${CASES:-}" ]; then tr ' ' '\n' <<< "$CASES"; else python3 bench/bench_fused.py --list; fi) | sed 's/^/--spec /')
     timeout $(( ${2:-5} * 60 + 60 )) python3 -m tvm_b2b tune $specs --target cuda --trials "${3:-16}" --db .tune/db \
       --minutes "${2:-5}" 2>&1 | quiet | tee "$out/tune.log" | grep -E "^\[|^n=|time budget"
     mkdir -p "$out/db" && cp .tune/db/* "$out/db/"
@@ -33,6 +36,21 @@ case "$1" in
     timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests --deselect tests/test_cuda_kernel.py \
       > "$out/gpu_tests_other.log" 2>&1
     tail -30 "$out/gpu_tests_other.log"
+    ;;
+  compare)  # default and tuned vs the given configs, on $CASE (default N=32 56x56 64->64->128)
+    shift; cfgs=(); for c in "$@"; do cfgs+=(--config "$c"); done
+    timeout 300 python3 bench/bench_fused.py --case "${CASE:-$N32}" --config default --config tuned "${cfgs[@]}" \
+      --json "$out/fused_compare.json" 2>&1 | tee "$out/fused_compare.txt" | grep -v "^\s*$"
+    ;;
+  ncu)
+    shift
+    sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+    for cfg in tuned "$@"; do
+      flag=$([ "$cfg" = tuned ] && echo --tuned || echo "--config $cfg")
+      timeout 100 ncu --clock-control none -k regex:fused --launch-skip 1 --launch-count 1 $sections \
+        python3 bench/profile_kernel.py --case "$N32" $flag --source "$out/kernel_${cfg//[=,]/_}.cu" > "$out/ncu_${cfg//[=,]/_}.txt" 2>&1
+      echo "== $cfg"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Shared Memory Config|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|^ *(OPT|WRN)" "$out/ncu_${cfg//[=,]/_}.txt" | head -40
+    done
     ;;
   model)
     timeout 130 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -8
