@@ -160,6 +160,26 @@ def test_fused_epilogue_loops_have_no_barrier_per_iteration():
     assert epilogue and not any(re.match(r"[^)]*\) \{\s*__syncthreads\(\);", body) for body in epilogue)
 
 
+def test_register_epilogue_has_no_fp32_staging(tmp_path):
+    """epilogue=1 (mma): both epilogues read the accumulator registers, so the pool holds fp16 only and
+    no accumulator is stored to shared memory; it is refused until it has run right on a GPU."""
+    from cuda_source import nvcc_arches, nvcc_compile
+    from tvm_b2b.op.compute import fused_prim_func
+    from tvm_b2b.schedule import cuda_wmma
+
+    target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("mma=1,epilogue=1,pipeline=1")
+    with pytest.raises(ValueError, match="epilogue=1 .* is not verified on a GPU yet"):
+        scheduled_funcs(SPEC, target, True, cfg)
+    func = cuda_wmma.schedule(fused_prim_func(SPEC, cuda_wmma.extents(SPEC)), SPEC, cfg, 90)
+    source = compile_module(tvm.IRModule({"main": func}), target).mod.imports[0].inspect_source()
+    assert "half b2b_shared_pool_ptr[]" in source and "(float*)b2b_shared_pool_ptr" not in source
+    assert re.search(r"mid_ptr\[|b2b_shared_pool_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv1_warp_ptr\[", source)
+    assert re.search(r"out_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv2_warp_ptr\[", source)
+    assert cuda_wmma.shared_bytes(SPEC, cfg) < cuda_wmma.shared_bytes(SPEC, WmmaConfig.parse("mma=1,pipeline=1"))
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(source, "sm_90", tmp_path)
+
+
 @pytest.mark.parametrize("mma", [0, 1])
 def test_accumulator_staging_rows_are_padded(mma):
     """64-float rows put all 8 rows of a fragment store on the same banks (8-way conflicts; 8% of the

@@ -62,6 +62,7 @@ class WmmaConfig:
     n2_tile: int = 64  # conv2 output channels per accumulator pass
     pipeline: int = 0  # d > 0: operand tiles loaded d reduction steps ahead (d + 1 buffers; cp.async on sm_80+)
     mma: int = 0  # 1 (sm_80+): ldmatrix + mma.sync m16n8k16 (fragments in registers) instead of WMMA
+    epilogue: int = 0  # 1 (mma only): the epilogues read the accumulator registers (no fp32 staging); see scheduled_funcs
 
     @property
     def threads(self) -> int:
@@ -86,11 +87,11 @@ class WmmaConfig:
         return knobs
 
     @classmethod
-    def from_knobs(cls, k: dict[str, int], pipeline: int = 0, mma: int = 0) -> "WmmaConfig":
+    def from_knobs(cls, k: dict[str, int], pipeline: int = 0, mma: int = 0, epilogue: int = 0) -> "WmmaConfig":
         return cls(
             m_tile=MMA * k["warps_m"] * k["frags_m"], warps_m=k["warps_m"], warps_n=k["warps_n"],
             k_tile=MMA * k["frags_k"], n1_tile=MMA * k["warps_n"] * k["frags_n1"],
-            n2_tile=MMA * k["warps_n"] * k["frags_n2"], pipeline=pipeline, mma=mma,
+            n2_tile=MMA * k["warps_n"] * k["frags_n2"], pipeline=pipeline, mma=mma, epilogue=epilogue,
         )
 
     def to_string(self) -> str:
@@ -137,6 +138,8 @@ def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaCo
     cfg.knobs()
     if cfg.pipeline not in PIPELINE_DEPTHS:
         raise ValueError(f"config: pipeline={cfg.pipeline} is not a depth this template takes ({', '.join(map(str, PIPELINE_DEPTHS))})")
+    if cfg.epilogue and not cfg.mma:
+        raise ValueError("config: epilogue=1 reads mma.sync accumulator registers: it needs mma=1")
     if cfg.mma and arch < 80:
         raise ValueError(f"config: mma=1 needs sm_80 or newer (mma.sync m16n8k16), not sm_{arch}")
     ext = extents(spec)
@@ -158,7 +161,7 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     fp32 accumulators and its operand tiles; tests/test_lower.py checks the bound)."""
     ext, e = extents(spec), DTYPE_BYTES[spec.dtype]
     mid = cfg.m_tile * _aligned_row(ext["k1"], 64, 8) * e
-    acc = cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
+    acc = 0 if cfg.epilogue else cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
     stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
     stage2 = CONV2_K_FRAGS * MMA * _aligned_row(cfg.n2_tile, 64, 8)
     copies = cfg.pipeline + 1  # one buffer per step in flight
@@ -212,6 +215,7 @@ class WmmaFusedSchedule:
         from tvm.s_tir.tensor_intrin import cuda as intrin  # slow import (~15-60 s): only here
 
         self.mma = bool(cfg and cfg.mma)
+        self.from_registers = bool(cfg and cfg.mma and cfg.epilogue)
         if self.mma:  # fragments in registers ("warp" scope) in the ldmatrix layout
             self.intrin = {
                 "load_a": intrin.LDMATRIX_f16_A_DYN_INTRIN, "load_b": intrin.LDMATRIX_f16_B_DYN_INTRIN,
@@ -266,18 +270,19 @@ class WmmaFusedSchedule:
     def _stage1(self, fused: bool):
         sch, spec = self.sch, self.spec
         g = self._gemm(sch.get_sblock("conv1"), self.knob["frags_n1"], self.knob["frags_k"])
-        # the epilogue runs per channel chunk, right after that chunk's accumulators are stored
         mid = sch.get_sblock("mid")
-        sch.reverse_compute_at(mid, g.chunk, preserve_unit_loops=True)
+        if not self.from_registers:  # the epilogue runs per channel chunk, right after that chunk's accumulators are stored
+            sch.reverse_compute_at(mid, g.chunk, preserve_unit_loops=True)
         self._to_shared(g, 0, vector_lanes(spec.c, 8))
         self._to_shared(g, 1, vector_lanes(spec.k1, 8))
         sch.compute_inline(sch.get_sblock("im2col"))
         sch.compute_inline(sch.get_sblock("w1_gemm"))
-        self._fragments(g)
+        self._fragments(g, mid)
         if fused:
             sch.set_scope(mid, 0, "shared.dyn")
             sch.storage_align(mid, 0, axis=-2, factor=64, offset=8)
-        self._threads(mid, vector_lanes(spec.k1, 4))
+        if not self.from_registers:
+            self._threads(mid, vector_lanes(spec.k1, 4))
         self._tensorize(g)
 
     def _stage2(self, fused: bool):
@@ -287,12 +292,14 @@ class WmmaFusedSchedule:
             self._to_shared(g, 0, 8)
         self._to_shared(g, 1, vector_lanes(spec.k2, 8))
         sch.compute_inline(sch.get_sblock("w2_gemm"))
-        self._fragments(g)
         # the epilogue reads the accumulators once and trims the padding as it stores y
         sch.compute_inline(sch.get_sblock("out_pad"))
         out = sch.get_sblock("out")
-        sch.reverse_compute_at(out, g.chunk, preserve_unit_loops=True)
-        self._threads(out, vector_lanes(spec.k2, 4))
+        if not self.from_registers:
+            sch.reverse_compute_at(out, g.chunk, preserve_unit_loops=True)
+        self._fragments(g, out)
+        if not self.from_registers:
+            self._threads(out, vector_lanes(spec.k2, 4))
         self._tensorize(g)
 
     def _gemm(self, block, frags_n, frags_k) -> _Gemm:
@@ -331,19 +338,27 @@ class WmmaFusedSchedule:
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
 
-    def _fragments(self, g: _Gemm):
-        """Operand fragments at the inner k loop; accumulators stored per warp to shared memory."""
+    def _fragments(self, g: _Gemm, epilogue):
+        """Operand fragments at the inner k loop; accumulators stored per warp to shared memory,
+        where `epilogue` reads them, or (mma, epilogue=1) `epilogue` reads the accumulator registers
+        itself, each lane its own elements (no fp32 staging in shared memory, no barrier around it)."""
         sch = self.sch
         frag_a = sch.cache_read(g.outer, 0, "warp" if self.mma else "wmma.matrix_a")
         frag_b = sch.cache_read(g.outer, 1, "warp" if self.mma else "wmma.matrix_b")
         sch.compute_at(frag_a, g.k_inner)
         sch.compute_at(frag_b, g.k_inner)
         acc = sch.cache_write(g.outer, 0, "warp" if self.mma else "wmma.accumulator")
-        sch.reverse_compute_at(acc, g.warp)
-        sch.set_scope(acc, 0, "shared.dyn")
-        g.acc_name = sch.get(acc).name_hint
-        intrins = (self.intrin["load_a"], self.intrin["load_b"], self.intrin["store"])
-        for block, intrin in zip((frag_a, frag_b, acc), intrins):
+        tiled = (frag_a, frag_b) if self.from_registers else (frag_a, frag_b, acc)
+        if self.from_registers:
+            # the epilogue reads the registers, placed per warp while their layout is still (m, n)
+            sch.compute_inline(acc)
+            sch.reverse_compute_at(epilogue, g.warp)
+            acc = g.outer  # the warp buffer's writer, for its layout below
+        else:
+            sch.reverse_compute_at(acc, g.warp)
+            sch.set_scope(acc, 0, "shared.dyn")
+            g.acc_name = sch.get(acc).name_hint
+        for block, intrin in zip(tiled, (self.intrin["load_a"], self.intrin["load_b"], self.intrin["store"])):
             i, j = sch.get_loops(block)[-2:]
             i0, i1 = sch.split(i, [None, MMA])
             j0, j1 = sch.split(j, [None, MMA])
@@ -353,7 +368,9 @@ class WmmaFusedSchedule:
             layout = lambda i, j: (i // MMA, j // MMA, *self.layout(i % MMA, j % MMA))  # noqa: E731
             sch.transform_layout(frag_a, ("write", 0), layout)
             sch.transform_layout(frag_b, ("write", 0), layout)
-            sch.transform_layout(acc, ("read", 0), layout)
+            sch.transform_layout(acc, ("write" if self.from_registers else "read", 0), layout)
+        if self.from_registers:
+            self._lanes(epilogue)
         g.init = sch.decompose_reduction(g.outer, g.k_outer)
         if self.pipeline:
             # k_outer's body: the operand copies, then the MMA loop; the copies run `pipeline` steps
@@ -364,6 +381,17 @@ class WmmaFusedSchedule:
             if self.arch >= 80:  # cp.async exists from sm_80 on; before, copies go through registers
                 sch.annotate(g.k_outer, "software_pipeline_async_stages", [0])
 
+    def _lanes(self, block):
+        """The per-warp loops of `block` over the 16x16 accumulator tiles, as (lane, register) of the
+        mma layout (element (i, j) of a tile: lane 4 (i % 8) + (j % 8) // 2, register 4 (j // 8) +
+        2 (i // 8) + j % 2), the lane bound to threadIdx.x: each thread reads only its own registers."""
+        sch = self.sch
+        i, j = sch.get_loops(block)[-2:]
+        i0, i_hi, i_lo = sch.split(i, [None, 2, 8])
+        j0, j_hi, j_mid, j_lo = sch.split(j, [None, 2, 4, 2])
+        sch.reorder(i0, j0, i_lo, j_mid, j_hi, i_hi, j_lo)
+        sch.bind(sch.fuse(i_lo, j_mid), "threadIdx.x")  # (vectorizing j_lo breaks LowerWarpMemory)
+
     def _tensorize(self, g: _Gemm):
         sch = self.sch
         for loop, intrin in g.tensorize_at:
@@ -371,9 +399,10 @@ class WmmaFusedSchedule:
         init_inner = sch.get_child_blocks(g.init)[0]
         sch.tensorize(sch.get_loops(init_inner)[-2], self.intrin["fill"])
         sch.tensorize(sch.get_loops(g.inner)[-3], self.intrin["sync"])
-        # pad the fp32 staging rows (64 floats would put every row of a fragment store on the same
-        # banks): after tensorize, which drops the annotations of the block it replaces
-        sch.storage_align(sch.get_sblock(g.acc_name + "_o"), 0, axis=-2, factor=32, offset=4)
+        if g.acc_name:
+            # pad the fp32 staging rows (64 floats would put every row of a fragment store on the same
+            # banks): after tensorize, which drops the annotations of the block it replaces
+            sch.storage_align(sch.get_sblock(g.acc_name + "_o"), 0, axis=-2, factor=32, offset=4)
 
 
 LDMATRIX_INDEX_MAP = "tirx.index_map.shared_16x16_to_ldmatrix_32x8_layout"
@@ -426,6 +455,10 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = check_config(spec, cfg or default_config(spec), arch)
+    if cfg.epilogue:
+        # builds and compiles (tests/test_cuda_build.py), but has not run on a GPU yet
+        raise ValueError(f"config: {cfg.to_string()}: epilogue=1 (epilogues from the mma registers) is not verified "
+                         "on a GPU yet; use epilogue=0")
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "
