@@ -96,7 +96,8 @@ def test_cuda_kernel_random_specs(n, h, w, c, k1, k2, stride, act1, act2, residu
 
 
 # epilogue=1: the epilogues read the mma accumulator registers (no fp32 staging in shared memory).
-# scheduled_funcs refuses it until these pass on a GPU; they build the kernel past that refusal.
+# scheduled_funcs refuses it until these pass on a GPU (cuda_wmma.REGISTER_EPILOGUE_VERIFIED); they
+# build it past that refusal.
 REGISTER_EPILOGUE = [
     (GRID[1], "mma=1,epilogue=1"), (GRID[1], "mma=1,epilogue=1,pipeline=1,m_tile=128,warps_m=4,k_tile=64"),
     (GRID[2], "mma=1,epilogue=1,pipeline=2"), (GRID[4], "mma=1,epilogue=1,n1_tile=128,n2_tile=256"),
@@ -105,18 +106,10 @@ REGISTER_EPILOGUE = [
 
 
 @pytest.mark.parametrize(("spec", "config"), REGISTER_EPILOGUE, ids=lambda v: v if isinstance(v, str) else v.to_string())
-def test_register_epilogue_matches_reference(spec, config):
-    import tvm
-
-    from tvm_b2b.kernel import FusedKernel, compile_module
-    from tvm_b2b.op.compute import fused_prim_func
-    from tvm_b2b.schedule import cuda_wmma
-    from tvm_b2b.target import cuda_arch_number, parse_target
-
-    target, cfg = parse_target("cuda"), check_config(spec, WmmaConfig.parse(config))
-    func = cuda_wmma.schedule(fused_prim_func(spec, cuda_wmma.extents(spec)), spec, cfg, cuda_arch_number(target))
-    name = str(func.attrs["global_symbol"])
-    executable = compile_module(tvm.IRModule({name: func.with_attr("tirx.is_scheduled", True)}), target)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_register_epilogue_matches_reference(spec, config, fused, monkeypatch):
+    monkeypatch.setenv("TVM_B2B_UNVERIFIED", "epilogue")
     inputs = random_inputs(spec, seed=11)
-    err, ok = compare(spec, FusedKernel(spec, target, executable, [name], None, cfg)(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()} {config}: max abs error {err}"
+    kernel = build(spec, "cuda", fused=fused, config=config, db=None)
+    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
+    assert ok, f"{spec.to_string()} {config} fused={fused}: max abs error {err}"

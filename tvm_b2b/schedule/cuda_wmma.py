@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 
 from tvm import s_tir
@@ -182,6 +183,17 @@ def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
         return (f"k1={spec.k1} > {FUSION_MAX_K1}: this fused kernel measured slower than two kernels at "
                 f"such widths (H200)")
     return None
+
+
+# epilogue=1 builds and compiles (tests/test_lower.py) but has not run on a GPU: refused until its GPU test
+# (tests/test_cuda_kernel.py::test_register_epilogue_matches_reference) passes, then set True (the
+# tuning space takes it up too). TVM_B2B_UNVERIFIED=epilogue lifts the refusal for that test and
+# for benchmarking it (bench/gpu_session.sh epilogue).
+REGISTER_EPILOGUE_VERIFIED = False
+
+
+def register_epilogue_allowed() -> bool:
+    return REGISTER_EPILOGUE_VERIFIED or os.environ.get("TVM_B2B_UNVERIFIED") == "epilogue"
 
 
 def unsupported_reason(spec: FusedConvSpec, arch: int) -> str | None:
@@ -455,8 +467,7 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = check_config(spec, cfg or default_config(spec), arch)
-    if cfg.epilogue:
-        # builds and compiles (tests/test_cuda_build.py), but has not run on a GPU yet
+    if cfg.epilogue and not register_epilogue_allowed():
         raise ValueError(f"config: {cfg.to_string()}: epilogue=1 (epilogues from the mma registers) is not verified "
                          "on a GPU yet; use epilogue=0")
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)

@@ -78,15 +78,23 @@ def design_space(spec: FusedConvSpec, arch: int):
 
     def schedule_fn(sch):
         spaces = []
-        for mma in (0, 1) if arch >= 80 else (0,):
+        for mma, epilogue in _instruction_sets(arch):
             for pipeline in SEARCHED_DEPTHS:
-                cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline, mma=mma)
+                cfg = dataclasses.replace(cuda_wmma.default_config(spec), pipeline=pipeline, mma=mma, epilogue=epilogue)
                 spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
         return spaces
 
     return ms.space_generator.ScheduleFn(
         schedule_fn, sch_rules=[], postprocs=[FitsTemplate(spec, arch)], mutator_probs={MutateKnob(): 1.0},
     )
+
+
+def _instruction_sets(arch: int) -> list[tuple[int, int]]:
+    """(mma, epilogue) variants searched: WMMA; from sm_80 on mma.sync, and with the epilogues in
+    registers once that is verified on a GPU (cuda_wmma.REGISTER_EPILOGUE_VERIFIED)."""
+    if arch < 80:
+        return [(0, 0)]
+    return [(0, 0), (1, 0)] + ([(1, 1)] if cuda_wmma.REGISTER_EPILOGUE_VERIFIED else [])
 
 
 def config_of(trace) -> cuda_wmma.WmmaConfig:
@@ -99,4 +107,6 @@ def config_of(trace) -> cuda_wmma.WmmaConfig:
               if inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)]
     depth = max((int(s) for s in stages[0]), default=0) if stages else 0
     mma = any(inst.kind.name == "Tensorize" and "ldmatrix" in str(inst.attrs) for inst in trace.insts)
-    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=depth, mma=int(mma))
+    # the staged form tensorizes the accumulator store; the register epilogue has no store to tensorize
+    staged = any(inst.kind.name == "Tensorize" and "store" in str(inst.attrs).lower() for inst in trace.insts)
+    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=depth, mma=int(mma), epilogue=int(mma and not staged))
