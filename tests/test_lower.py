@@ -82,10 +82,12 @@ WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dty
     (WIDE, "m_tile=32,warps_m=2,warps_n=4,k_tile=16,n1_tile=256,n2_tile=512,pipeline=1"),  # was under-estimated
     (WIDE, "m_tile=64,warps_m=4,warps_n=4,k_tile=16,n1_tile=128,n2_tile=512,pipeline=1"),
     (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=1"), (SPEC, WmmaConfig().to_string()),
+    (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=2,mma=1,epilogue=1"), (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=1"),
 ], ids=lambda v: v if isinstance(v, str) else v.to_string())
-def test_shared_bytes_bounds_the_planned_pool(spec, config):
+def test_shared_bytes_bounds_the_planned_pool(spec, config, monkeypatch):
     """cuda_wmma.shared_bytes decides fusing vs two kernels and which tuning draws fit the GPU: it must
     never be below the pool PoolSharedMemory plans."""
+    monkeypatch.setenv("TVM_B2B_UNVERIFIED", "epilogue")  # planned the same, verified or not
     cfg = WmmaConfig.parse(config)
     target = parse_target("cuda:sm_90")
     planned = []
