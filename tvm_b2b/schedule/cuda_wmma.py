@@ -1,4 +1,5 @@
-"""CUDA tensor-core schedule of the fused op (WMMA 16x16x16, fp16 in, fp32 accumulate): ONE kernel.
+"""CUDA tensor-core schedule of the fused op (WMMA 16x16x16, or ldmatrix + mma.sync m16n8k16 with
+mma=1; fp16 in, fp32 accumulate): ONE kernel.
 
 Each thread block owns `m_tile` output pixels (rows of both implicit GEMMs):
   1. conv1 = im2col(x) @ w1, in chunks of `n1_tile` channels: im2col and w1 tiles are gathered
@@ -8,6 +9,7 @@ Each thread block owns `m_tile` output pixels (rows of both implicit GEMMs):
      channels of the block's pixels (rows padded: no bank conflicts on fragment loads);
   3. conv2 = mid @ w2 in chunks of `n2_tile` channels, A operand read straight from `mid`, w2
      staged through shared memory; the s2/b2/residual/act2 epilogue stores to global memory.
+With mma=1 and epilogue=1 both epilogues read the accumulator registers instead (no fp32 staging).
 All extents are padded per spec (`extents`: rows to 32/64/128, channels and the reduction to 64), so
 any shape is exact and every config schedules the same PrimFunc. Tile sizes are knobs (`KNOBS`)
 drawn with sample_categorical: fixed to a WmmaConfig for a build, searched by tvm_b2b.tune.
