@@ -85,6 +85,12 @@ def _allocations(stmt, keep) -> list:
     return found
 
 
+def _pool_allocation(func):
+    """The AllocBuffer of the pool PoolSharedMemory made in `func` (None when there is not exactly one)."""
+    pools = _allocations(func.body, lambda b: b.name == POOL_NAME)
+    return pools[0] if len(pools) == 1 else None
+
+
 def _ours(func) -> bool:
     return bool(func.attrs and func.attrs.get(POOL_ATTR, False))
 
@@ -199,10 +205,10 @@ def PoolSharedMemory(func, mod, ctx):  # noqa: N802 (TVM's pass naming)
 def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """StorageRewrite points every access pointer into the pool at the pool itself (bytes), and
     LowerIntrin then rejects those of fp16/fp32 elements: point each at a view of its element type."""
-    pools = _allocations(func.body, lambda b: b.name == POOL_NAME)
-    if len(pools) != 1:
+    allocation = _pool_allocation(func)
+    if allocation is None:
         return func
-    pool = pools[0].buffer
+    pool = allocation.buffer
     views: dict[str, object] = {}
 
     def is_pool(source):
@@ -228,12 +234,12 @@ def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
     declared = [tirx.DeclBuffer(v, data=pool.data) for v in views.values()]
 
     def declare(seq):
-        if not any(s.same_as(pools[0]) for s in seq.seq):
+        if not any(s.same_as(allocation) for s in seq.seq):
             return seq
         out = []
         for s in seq.seq:
             out.append(s)
-            if s.same_as(pools[0]):
+            if s.same_as(allocation):
                 out.extend(declared)
         return tirx.SeqStmt(out)
 
@@ -333,10 +339,10 @@ def hoist_loop_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
     barrier in every iteration. Where the bytes a loop reads and the bytes it writes are provably
     disjoint (over all its iterations and threads), iterations cannot race: the barrier moves before
     the loop (where it still separates the loop from what came before)."""
-    pools = _allocations(func.body, lambda b: b.name == POOL_NAME)
-    if len(pools) != 1:
+    allocation = _pool_allocation(func)
+    if allocation is None:
         return func
-    views, analyzer = _pool_views(func, pools[0].buffer), _bounded(func)
+    views, analyzer = _pool_views(func, allocation.buffer), _bounded(func)
 
     def loop(node):
         sync, rest = _leading_sync(node.body)

@@ -363,11 +363,12 @@ class WmmaFusedSchedule:
         sch.compute_at(frag_b, g.k_inner)
         acc = sch.cache_write(g.outer, 0, "warp" if self.mma else "wmma.accumulator")
         tiled = (frag_a, frag_b) if self.from_registers else (frag_a, frag_b, acc)
+        # the block and side through which the accumulator buffer gets the mma layout (below)
+        acc_layout_at = (g.outer, "write") if self.from_registers else (acc, "read")
         if self.from_registers:
             # the epilogue reads the registers, placed per warp while their layout is still (m, n)
             sch.compute_inline(acc)
             sch.reverse_compute_at(epilogue, g.warp)
-            acc = g.outer  # the warp buffer's writer, for its layout below
         else:
             sch.reverse_compute_at(acc, g.warp)
             sch.set_scope(acc, 0, "shared.dyn")
@@ -382,7 +383,8 @@ class WmmaFusedSchedule:
             layout = lambda i, j: (i // MMA, j // MMA, *self.layout(i % MMA, j % MMA))  # noqa: E731
             sch.transform_layout(frag_a, ("write", 0), layout)
             sch.transform_layout(frag_b, ("write", 0), layout)
-            sch.transform_layout(acc, ("write" if self.from_registers else "read", 0), layout)
+            block, side = acc_layout_at
+            sch.transform_layout(block, (side, 0), layout)
         if self.from_registers:
             self._lanes(epilogue)
         g.init = sch.decompose_reduction(g.outer, g.k_outer)

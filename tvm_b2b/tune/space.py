@@ -105,7 +105,7 @@ def config_of(trace) -> cuda_wmma.WmmaConfig:
         knobs[name] = candidates[int(trace.decisions[inst])]
     stages = [inst.inputs[1] for inst in trace.insts
               if inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)]
-    depth = max((int(s) for s in stages[0]), default=0) if stages else 0
+    depth = max(int(stage) for stage in stages[0]) if stages else 0
     mma = any(inst.kind.name == "Tensorize" and "ldmatrix" in str(inst.attrs) for inst in trace.insts)
     # the staged form tensorizes the accumulator store; the register epilogue has no store to tensorize
     staged = any(inst.kind.name == "Tensorize" and "store" in str(inst.attrs).lower() for inst in trace.insts)
