@@ -27,3 +27,13 @@ def nvcc_compile(source: str, arch: str, tmp_path) -> None:
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def compiled_source(funcs, target) -> str:
+    """The CUDA of scheduled PrimFuncs compiled together as kernel.build compiles them (our lowering)."""
+    import tvm
+
+    from tvm_b2b.kernel import compile_module
+
+    mod = tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)})
+    return compile_module(mod, target).mod.imports[0].inspect_source()

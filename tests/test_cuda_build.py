@@ -7,10 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cuda_source import kernels, nvcc_arches, nvcc_compile
-import tvm
+from cuda_source import compiled_source, kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
-from tvm_b2b.kernel import compile_module
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs
 from tvm_b2b.target import parse_target
 
@@ -115,7 +113,7 @@ def test_formerly_unbuildable_configs_build(spec, config, local_arches, tmp_path
     target = parse_target("cuda:sm_90")
     cfg = WmmaConfig.parse(config)
     funcs = scheduled_funcs(spec, target, True, cfg).funcs
-    source = compile_module(tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)}), target).mod.imports[0].inspect_source()
+    source = compiled_source(funcs, target)
     assert len(kernels(source)) == len(funcs) and source.count("extern __shared__") == len(funcs)
     if "sm_90" in local_arches:
         nvcc_compile(source, "sm_90", tmp_path)

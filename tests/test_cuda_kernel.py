@@ -30,10 +30,14 @@ GRID = [
 @pytest.mark.parametrize("spec", GRID, ids=lambda s: s.to_string())
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 def test_cuda_kernel_matches_reference(spec, fused):
-    inputs = random_inputs(spec, seed=7)
-    kernel = build(spec, "cuda", fused=fused)
-    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()} fused={fused}: max abs error {err}"
+    _assert_computes_op(spec, 7, fused=fused)
+
+
+def _assert_computes_op(spec, seed, **build_args):
+    """The op built for the local GPU (build's arguments) matches the numpy reference on random inputs."""
+    inputs = random_inputs(spec, seed=seed)
+    err, ok = compare(spec, build(spec, "cuda", **build_args)(**inputs), reference(spec, **inputs))
+    assert ok, f"{spec.to_string()} {build_args}: max abs error {err}"
 
 
 ONE_FRAGMENT = "m_tile=16,warps_m=1,warps_n=1,k_tile=16,n1_tile=16,n2_tile=16"
@@ -59,10 +63,7 @@ CONFIGS = [
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 def test_cuda_kernel_configs_match_reference(spec, config, fused):
     """Every config computes the op: tiles, pipeline depths, mma (fused too), and those TVM 0.27 alone got wrong."""
-    inputs = random_inputs(spec, seed=3)
-    kernel = build(spec, "cuda", fused=fused, config=config, db=None)
-    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()} {config} fused={fused}: max abs error {err}"
+    _assert_computes_op(spec, 3, fused=fused, config=config, db=None)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -76,10 +77,7 @@ def test_cuda_kernel_random_configs(spec, knobs, variant):
         check_config(spec, config)
     except ValueError:
         assume(False)
-    inputs = random_inputs(spec, seed=5)
-    kernel = build(spec, "cuda", config=config.to_string(), db=None)
-    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()} {config}: max abs error {err}"
+    _assert_computes_op(spec, 5, config=config.to_string(), db=None)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -90,9 +88,7 @@ def test_cuda_kernel_random_configs(spec, knobs, variant):
 )
 def test_cuda_kernel_random_specs(n, h, w, c, k1, k2, stride, act1, act2, residual, seed):
     spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=stride, act1=act1, act2=act2, residual=residual, dtype="float16")
-    inputs = random_inputs(spec, seed=seed)
-    err, ok = compare(spec, build(spec, "cuda")(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()}: max abs error {err}"
+    _assert_computes_op(spec, seed)
 
 
 # epilogue=1: the epilogues read the mma accumulator registers (no fp32 staging in shared memory).
@@ -109,7 +105,4 @@ REGISTER_EPILOGUE = [
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 def test_register_epilogue_matches_reference(spec, config, fused, monkeypatch):
     monkeypatch.setenv("TVM_B2B_UNVERIFIED", "epilogue")
-    inputs = random_inputs(spec, seed=11)
-    kernel = build(spec, "cuda", fused=fused, config=config, db=None)
-    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()} {config} fused={fused}: max abs error {err}"
+    _assert_computes_op(spec, 11, fused=fused, config=config, db=None)

@@ -9,9 +9,8 @@ import tvm_ffi
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cuda_source import kernels
+from cuda_source import compiled_source, kernels
 from tvm_b2b import FusedConvSpec
-from tvm_b2b.kernel import compile_module
 from tvm import tirx
 from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, hoist_loop_syncs, plan_offsets, register_pipeline
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
@@ -70,7 +69,7 @@ def test_pipeline_is_tvms_plus_ours():
 def test_fused_kernel_has_one_shared_pool():
     target = parse_target("cuda:sm_90")
     func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]
-    source = compile_module(tvm.IRModule({"main": func}), target).mod.imports[0].inspect_source()
+    source = compiled_source([func], target)
     assert len(kernels(source)) == 1
     assert source.count("extern __shared__") == 1 and "b2b_shared_pool" in source
 
@@ -113,7 +112,7 @@ def test_every_mma_fragment_is_lowered_to_registers(fused):
     target = parse_target("cuda:sm_90")
     cfg = WmmaConfig.parse("mma=1")
     funcs = scheduled_funcs(SPEC, target, fused, cfg).funcs
-    source = compile_module(tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)}), target).mod.imports[0].inspect_source()
+    source = compiled_source(funcs, target)
     sizes = {name: int(n) for name, n in re.findall(r"(?:float|half) (\w+_warp_ptr)\[(\d+)\]", source)}
     assert sizes and all(n <= 32 for n in sizes.values()), sizes
 
@@ -173,7 +172,7 @@ def test_fused_epilogue_loops_have_no_barrier_per_iteration():
     buffer); HoistLoopSyncs proves the accumulator reads and `mid` writes disjoint and moves it out."""
     target = parse_target("cuda:sm_90")
     func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]
-    source = compile_module(tvm.IRModule({"main": func}), target).mod.imports[0].inspect_source()
+    source = compiled_source([func], target)
     loops = source.split("for (")[1:]  # each loop's header and body, up to the next loop
     epilogue = [body for body in loops if "s1_ptr" in body]  # conv1's epilogue scales by s1
     assert epilogue and not any(re.match(r"[^)]*\) \{\s*__syncthreads\(\);", body) for body in epilogue)
@@ -190,7 +189,7 @@ def test_register_epilogue_has_no_fp32_staging(tmp_path):
     with pytest.raises(ValueError, match="epilogue=1 .* is not verified on a GPU yet"):
         scheduled_funcs(SPEC, target, True, cfg)
     func = cuda_wmma.schedule(fused_prim_func(SPEC, cuda_wmma.extents(SPEC)), SPEC, cfg, 90)
-    source = compile_module(tvm.IRModule({"main": func}), target).mod.imports[0].inspect_source()
+    source = compiled_source([func], target)
     assert "half b2b_shared_pool_ptr[]" in source and "(float*)b2b_shared_pool_ptr" not in source
     assert re.search(r"mid_ptr\[|b2b_shared_pool_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv1_warp_ptr\[", source)
     assert re.search(r"out_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv2_warp_ptr\[", source)
@@ -206,7 +205,7 @@ def test_accumulator_staging_rows_are_padded(mma):
     storage_align, so the schedule sets it again after tensorizing."""
     target = parse_target("cuda:sm_90")
     funcs = scheduled_funcs(SPEC, target, True, WmmaConfig(mma=mma, pipeline=1)).funcs
-    source = compile_module(tvm.IRModule({"main": funcs[0]}), target).mod.imports[0].inspect_source()
+    source = compiled_source(funcs[:1], target)
     if mma:
         assert re.search(r"\* 68\) \+ \(\(\(\(local_id / 4\) \* 8\)", source)
     else:
