@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cuda_source import compiled_source, kernels
 from tvm_b2b import FusedConvSpec
 from tvm import tirx
-from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, hoist_loop_syncs, plan_offsets, register_pipeline
+from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, _bytes, hoist_loop_syncs, plan_offsets, register_pipeline
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
 from tvm_b2b.target import parse_target
 
@@ -89,19 +89,21 @@ def test_shared_bytes_bounds_the_planned_pool(spec, config, monkeypatch):
     monkeypatch.setenv("TVM_B2B_UNVERIFIED", "epilogue")  # planned the same, verified or not
     cfg = WmmaConfig.parse(config)
     target = parse_target("cuda:sm_90")
-    planned = []
+    planned, launched = [], []
 
     @tvm.ir.instrument.pass_instrument
     class Grab:
         def run_after_pass(self, mod, info):
-            if info.name == "tvm_b2b.PoolSharedMemory":
-                pools = _allocations(mod["main"].body, lambda b: b.name == POOL_NAME)
-                planned.extend(int(s.buffer.shape[0]) for s in pools)
+            if info.name in ("tvm_b2b.PoolSharedMemory", "tvm_b2b_pipeline"):  # planned; as the launch sizes it
+                pools = [a for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
+                         for a in _allocations(f.body, lambda b: b.name == POOL_NAME)]
+                (planned if info.name.startswith("tvm_b2b.") else launched).extend(_bytes(s.buffer) for s in pools)
 
     func = scheduled_funcs(spec, target, True, cfg).funcs[0]
     with tvm.transform.PassContext(config={"tirx.use_async_copy": True}, instruments=[Grab()]):
         tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=register_pipeline())
     assert len(planned) == 1 and 0 < planned[0] <= shared_bytes(spec, cfg)
+    assert launched == planned  # no later pass resizes the pool (StorageRewrite doubled an all-fp16 one)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
@@ -211,3 +213,14 @@ def test_accumulator_staging_rows_are_padded(mma):
     else:
         stores = re.findall(r"store_matrix_sync\(.*, (\d+), nvcuda::wmma::mem_row_major\)", source)
         assert stores and set(stores) == {"68"}
+
+
+def test_async_copies_go_through_l1(monkeypatch):
+    """The nine 3x3 taps read overlapping rows of x: cp.async .ca lets L1 serve them (TVM emits .cg,
+    L2 only); TVM_B2B_CP_ASYNC=cg keeps TVM's form."""
+    target = parse_target("cuda:sm_90")
+    funcs = scheduled_funcs(SPEC, target, True, WmmaConfig(pipeline=1, mma=1)).funcs
+    source = compiled_source(funcs, target)
+    assert "cp.async.ca.shared.global" in source and "cp.async.cg" not in source
+    monkeypatch.setenv("TVM_B2B_CP_ASYNC", "cg")
+    assert "cp.async.ca" not in compiled_source(funcs, target)

@@ -1,6 +1,9 @@
 """build(spec, target) -> FusedKernel: the fused op compiled for one target, callable on numpy."""
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 
 from .op.reference import np_dtype
@@ -153,16 +156,24 @@ def compile_module(mod, target):
 
     # pipelined copies become cp.async on sm_80+ (zero-filling where the im2col gather is out of bounds)
     config = {"tirx.use_async_copy": True} if target.kind.name == "cuda" and cuda_arch_number(target) >= 80 else {}
-    with tvm.transform.PassContext(config=config):
+    with tvm.transform.PassContext(config=config), _cp_async_through_l1(target):
         return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
 
 
-def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
-    import tvm
+@contextlib.contextmanager
+def _cp_async_through_l1(target):
+    """16-byte cp.async as .ca (through L1) instead of TVM's .cg (L2 only): the nine 3x3 taps read
+    overlapping rows of x, which L1 then serves (H200, N=32 56x56 64->64->128: 54.4 -> 49.6 us,
+    bench/results/h200_s5_1_*). TVM_B2B_CP_ASYNC=cg keeps TVM's, for comparison."""
+    import tvm_ffi
 
-    from .schedule import scheduled_funcs
-
-    kernels = scheduled_funcs(spec, target, fused, config)
-    names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
-    mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    return FusedKernel(spec, target, compile_module(mod, target), names, kernels.mid_shape, config)
+    if os.environ.get("TVM_B2B_CP_ASYNC") == "cg" or target.kind.name != "cuda":
+        yield
+        return
+    hook = "tvm_callback_cuda_postproc"  # CUDA codegen's hook on the generated source
+    tvm_ffi.register_global_func(hook, lambda code, _target: code.replace("cp.async.cg.shared.global", "cp.async.ca.shared.global"),
+                                 override=True)
+    try:
+        yield
+    finally:
+        tvm_ffi.remove_global_func(hook)

@@ -133,7 +133,7 @@ def pool_shared_memory(func: tirx.PrimFunc) -> tirx.PrimFunc:
             live.setdefault(i, [index, index])[1] = index
     sizes = [_bytes(b) for b in found.buffers]
     offsets, total = plan_offsets(sizes, [tuple(live.get(i, (0, 0))) for i in range(len(sizes))])
-    pool = tirx.decl_buffer((total,), "uint8", name=POOL_NAME, scope=POOL_SCOPE)
+    pool = _pool_buffer(total, {str(b.dtype) for b in found.buffers})
     views = []
     for b, offset in zip(found.buffers, offsets):
         elem_bytes = _bytes(b) // int(b.shape[0])
@@ -144,6 +144,14 @@ def pool_shared_memory(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func  # a use this pass does not rewrite: leave the planning to TVM
     new_body = tirx.SeqStmt([tirx.AllocBuffer(pool), *new_body.seq])
     return func.with_body(_replace(func.body, body, new_body))
+
+
+def _pool_buffer(total: int, dtypes: set[str]):
+    """The pool: bytes, or elements of the one type all its buffers have. (StorageRewrite retypes a
+    byte pool whose every access is fp16 to fp16 without dividing its extent, doubling the kernel's
+    dynamic shared memory: 184 instead of 92 KiB per block, measured on the H200.)"""
+    dtype = dtypes.pop() if len(dtypes) == 1 else "uint8"
+    return tirx.decl_buffer((total * 8 // tvm.DataType(dtype).bits,), dtype, name=POOL_NAME, scope=POOL_SCOPE)
 
 
 def _shift(index, offset: int):
@@ -220,7 +228,7 @@ def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if not node.op.same_as(ACCESS_PTR) or not is_pool(node.args[1]):
             return node
         dtype = str(node.args[0].ty.dtype)
-        if dtype == "uint8":
+        if dtype == str(pool.dtype):
             return node
         if dtype not in views:
             count = _bytes(pool) * 8 // tvm.DataType(dtype).bits

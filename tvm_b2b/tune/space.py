@@ -91,10 +91,10 @@ def design_space(spec: FusedConvSpec, arch: int):
 
 def _instruction_sets(arch: int) -> list[tuple[int, int]]:
     """(mma, epilogue) variants searched: WMMA; from sm_80 on mma.sync, and with the epilogues in
-    registers once that is verified on a GPU (cuda_wmma.REGISTER_EPILOGUE_VERIFIED)."""
+    registers where that is allowed (cuda_wmma.register_epilogue_allowed)."""
     if arch < 80:
         return [(0, 0)]
-    return [(0, 0), (1, 0)] + ([(1, 1)] if cuda_wmma.REGISTER_EPILOGUE_VERIFIED else [])
+    return [(0, 0), (1, 0)] + ([(1, 1)] if cuda_wmma.register_epilogue_allowed() else [])
 
 
 def config_of(trace) -> cuda_wmma.WmmaConfig:
