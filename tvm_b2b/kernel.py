@@ -177,3 +177,14 @@ def _cp_async_through_l1(target):
         yield
     finally:
         tvm_ffi.remove_global_func(hook)
+
+
+def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
+    import tvm
+
+    from .schedule import scheduled_funcs
+
+    kernels = scheduled_funcs(spec, target, fused, config)
+    names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
+    mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
+    return FusedKernel(spec, target, compile_module(mod, target), names, kernels.mid_shape, config)
