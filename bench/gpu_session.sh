@@ -3,12 +3,13 @@
 # `source .devcarry/tvm2/env.sh`. Logs and results go to $OUT (or bench/results/session).
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh tune MIN [N]   tune every bench case (or CASES), N trials each (default 16; resumes
 #                                            .tune/db), for at most MIN minutes; copy the database out
-#   bash bench/gpu_session.sh bench          ship .tune/db's best records, benchmarks (default vs tuned), model bench
+#   bash bench/gpu_session.sh bench          ship .tune/db's best records (merged with schedules/), benchmarks (default vs tuned), model bench
+#   [CASES=...] bash bench/gpu_session.sh tunebench MIN N   tune, ship and benchmark in one call
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
 #   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
-#   bash bench/gpu_session.sh epilogue       the register epilogue's GPU tests and compare (past its refusal)
+#   bash bench/gpu_session.sh epilogue       the register epilogue's GPU tests and compare
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -23,8 +24,16 @@ case "$1" in
       --minutes "${2:-5}" 2>&1 | quiet | tee "$out/tune.log" | grep -E "^\[|^n=|time budget"
     mkdir -p "$out/db" && cp .tune/db/* "$out/db/"
     ;;
+  tunebench)  # tune (as `tune`), then ship and benchmark in the same call; database and shipped records in $out/tuned.tgz
+    CASES="${CASES:-}" bash "$0" tune "$2" "$3"; rm -rf "$out/db"
+    python3 bench/ship_schedules.py schedules/nvidia-h200-sm_90 .tune/db --gpu "NVIDIA H200" --arch sm_90 \
+      && tar czf "$out/tuned.tgz" .tune/db/*.json .tune/db/specs.txt schedules/nvidia-h200-sm_90
+    timeout 280 python3 bench/bench_fused.py --config default --config tuned \
+      --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
+    ;;
   bench)
-    python3 bench/ship_schedules.py .tune/db && mkdir -p "$out/shipped" && cp schedules/*-sm_90/* "$out/shipped/"
+    python3 bench/ship_schedules.py schedules/nvidia-h200-sm_90 .tune/db --gpu "NVIDIA H200" --arch sm_90 \
+      && mkdir -p "$out/shipped" && cp schedules/*-sm_90/* "$out/shipped/"
     timeout 280 python3 bench/bench_fused.py --config default --config tuned \
       --json "$out/fused_h200.json" 2>&1 | tee "$out/fused_h200.txt" | grep -v "^\s*$"
     timeout 120 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -15
@@ -44,7 +53,7 @@ case "$1" in
       --json "$out/fused_compare${TAG:-}.json" 2>&1 | tee "$out/fused_compare${TAG:-}.txt" | grep -v "^\s*$"
     ;;
   epilogue)  # the register epilogue (epilogue=1): its GPU tests, then speed vs the staged form
-    export TVM_B2B_UNVERIFIED=epilogue T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64"
+    export T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64"
     W="m_tile=256,warps_m=4,warps_n=1,k_tile=64,n1_tile=64,n2_tile=32,pipeline=1,mma=1"
     timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py -k register_epilogue \
       > "$out/gpu_tests_epilogue.log" 2>&1; tail -5 "$out/gpu_tests_epilogue.log"

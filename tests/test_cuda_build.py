@@ -33,8 +33,10 @@ def test_fused_cuda_kernel_builds(spec, arch, local_arches, tmp_path):
     assert len(found) == 1, f"expected one kernel, got {list(found)}"
     params = {p.split()[-1].removesuffix("_ptr") for p in next(iter(found.values())).split(",")}
     assert params == INPUTS | ({"residual"} if spec.residual else set())
-    assert "wmma::mma_sync" in source
-    assert "wmma::load_matrix_sync" in source
+    if int(arch[3:]) >= 80:  # default from sm_80 on: ldmatrix + mma.sync
+        assert "mma.sync.aligned.m16n8k16" in source and "ldmatrix.sync" in source
+    else:
+        assert "wmma::mma_sync" in source and "wmma::load_matrix_sync" in source
     if arch not in local_arches:
         pytest.skip(f"the local nvcc cannot compile for {arch} (source checked, not compiled)")
     nvcc_compile(source, arch, tmp_path)
@@ -63,6 +65,21 @@ def test_unsupported_dtype_is_a_clear_error(dtype):
 def test_random_specs_build_one_kernel(n, hw, c, k1, k2, stride, residual):
     spec = FusedConvSpec(n=n, h=hw, w=hw + 1, c=c, k1=k1, k2=k2, stride=stride, residual=residual, dtype="float16")
     assert len(kernels(build(spec, "cuda:sm_80").source())) == 1
+
+
+@pytest.mark.parametrize(("spec", "arch", "expected"), [
+    ("n=32,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=128,k_tile=64,pipeline=1,mma=1"),  # 784 blocks of 128
+    ("n=8,h=56,w=56,c=64,k1=64,k2=128", 80, "m_tile=128,k_tile=64,pipeline=1,mma=1"),  # 196
+    ("n=1,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),  # 100 of 32: fewest blocks
+    ("n=1,h=28,w=28,c=128,k1=128,k2=512", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),  # 25 of 32
+    ("n=32,h=56,w=56,c=64,k1=64,k2=128", 75, "m_tile=64"),  # no mma.sync nor cp.async before sm_80
+    ("n=1,h=5,w=5,c=64,k1=64,k2=128", 70, "m_tile=32"),  # 25 rows, padded to 32
+])
+def test_default_config(spec, arch, expected):
+    """sm_80+: mma.sync, one step ahead, the largest pixel tile still giving MIN_BLOCKS blocks."""
+    from tvm_b2b.schedule.cuda_wmma import default_config
+
+    assert default_config(FusedConvSpec.parse(spec), arch) == WmmaConfig.parse(expected)
 
 
 def test_config_reaches_the_schedule():

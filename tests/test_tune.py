@@ -13,7 +13,7 @@ from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.kernel import compile_module, resolve_config
 from tvm_b2b.schedule import cuda_wmma
-from tvm_b2b.target import parse_target
+from tvm_b2b.target import cuda_arch_number, parse_target
 from tvm_b2b.tune import database, space
 from tvm_b2b.tune.tuner import build_candidate
 
@@ -152,6 +152,21 @@ def test_corrupted_database_is_a_one_line_error(tuned_dir, bad):
     assert cli.stderr.count("\n") == 1 and "line 2 is not" in cli.stderr and "Traceback" not in cli.stderr
 
 
+def test_default_config_is_the_first_record(tmp_path):
+    """tune_spec measures the default config before it searches (the search's random draws need not
+    include it). Real builder and runner: on a machine without a GPU the run fails, and the record
+    says so (MetaSchedule's failed-run time) instead of being dropped."""
+    from tvm_b2b.tune.tuner import FAILED_RUN_SECS, measure_default
+
+    target = parse_target("cuda:sm_90")
+    db = database.TuningDatabase(tmp_path / "db")
+    builder = ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300, initializer=cuda_wmma.register_ldmatrix_index_map)
+    measure_default(SPEC, target, db, builder, ms.runner.LocalRunner(timeout_sec=60))
+    (record,) = database.TuningDatabase(tmp_path / "db").records_for(cuda_wmma.workload(SPEC))
+    assert space.config_of(record.trace) == cuda_wmma.default_config(SPEC, 90)
+    assert all(0 < float(secs) <= FAILED_RUN_SECS for secs in record.run_secs)
+
+
 def test_missing_db_dir_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="is not a directory"):
         build(SPEC, "cuda:sm_90", db=tmp_path / "nope")
@@ -180,6 +195,9 @@ def test_tune_measures_resumes_and_build_uses_the_record(tmp_path):
 
     first = _tune_cli(tmp_path / "db", 2)
     assert "2 trials (2 new)" in first and "trials, best" in first  # the progress line
+    default = database.TuningDatabase(tmp_path / "db").records_for(cuda_wmma.workload(SPEC))[0]
+    assert space.config_of(default.trace) == cuda_wmma.default_config(SPEC, cuda_arch_number(parse_target("cuda")))
+    assert database.mean_us(default.run_secs) < 1e6  # measured: the default runs on this GPU
     second = _tune_cli(tmp_path / "db", 4)
     assert "4 trials (2 new)" in second
     target = parse_target("cuda")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 
 from tvm import s_tir
@@ -128,11 +127,21 @@ def extents(spec: FusedConvSpec) -> dict[str, int]:
     return padded_extents(spec, pixel_unit(spec), k_tile=CHANNEL_UNIT, n_tile=CHANNEL_UNIT)
 
 
-def default_config(spec: FusedConvSpec) -> WmmaConfig:
-    """The untuned choice: 64-pixel tiles, 2x2 warps, unless the padded rows take only 32."""
-    if extents(spec)["m"] % 64:
-        return WmmaConfig(m_tile=32)
-    return WmmaConfig()
+MIN_BLOCKS = 128  # about one thread block per SM of a large GPU (the H200 has 132)
+
+
+def default_config(spec: FusedConvSpec, arch: int = 80) -> WmmaConfig:
+    """The untuned choice, 2x2 warps. sm_80 and newer: ldmatrix + mma.sync, operand loads one
+    64-deep reduction step ahead (cp.async), and the largest pixel tile (128/64/32) that still gives
+    MIN_BLOCKS blocks (H200, N=32 56x56 64->64->128: 44.9 us vs 66.5 with the older 64-pixel WMMA
+    default, bench/results/h200_s5_3_*). Older GPUs: WMMA, 64-pixel tiles (32 where the padded rows
+    take only 32)."""
+    m = extents(spec)["m"]
+    if arch < 80:
+        return WmmaConfig(m_tile=32) if m % 64 else WmmaConfig()
+    tiles = [t for t in (128, 64, 32) if m % t == 0]
+    m_tile = next((t for t in tiles if m // t >= MIN_BLOCKS), tiles[-1])
+    return WmmaConfig(m_tile=m_tile, k_tile=64, pipeline=1, mma=1)
 
 
 def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaConfig:
@@ -185,17 +194,6 @@ def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
         return (f"k1={spec.k1} > {FUSION_MAX_K1}: this fused kernel measured slower than two kernels at "
                 f"such widths (H200)")
     return None
-
-
-# epilogue=1 builds and compiles (tests/test_lower.py) but has not run on a GPU: refused until its GPU test
-# (tests/test_cuda_kernel.py::test_register_epilogue_matches_reference) passes, then set True (the
-# tuning space takes it up too). TVM_B2B_UNVERIFIED=epilogue lifts the refusal for that test and
-# for benchmarking it (bench/gpu_session.sh epilogue).
-REGISTER_EPILOGUE_VERIFIED = False
-
-
-def register_epilogue_allowed() -> bool:
-    return REGISTER_EPILOGUE_VERIFIED or os.environ.get("TVM_B2B_UNVERIFIED") == "epilogue"
 
 
 def unsupported_reason(spec: FusedConvSpec, arch: int) -> str | None:
@@ -470,10 +468,7 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     reason = unsupported_reason(spec, arch)
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
-    cfg = check_config(spec, cfg or default_config(spec), arch)
-    if cfg.epilogue and not register_epilogue_allowed():
-        raise ValueError(f"config: {cfg.to_string()}: epilogue=1 (epilogues from the mma registers) is not verified "
-                         "on a GPU yet; use epilogue=0")
+    cfg = check_config(spec, cfg or default_config(spec, arch), arch)
     need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
     if fused and need > have:
         log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "

@@ -3,6 +3,7 @@ over tvm_b2b.tune.space, records in a TuningDatabase. Resumable: `trials` is the
 workload, and a rerun only measures what the database does not hold yet."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -11,9 +12,11 @@ from tvm.ir.utils import derived_object
 
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
-from ..target import cuda_arch_number
+from ..target import cuda_arch_number, max_shared_bytes
 from .database import TuningDatabase, best_record, mean_us
 from .space import config_of, design_space
+
+FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed measurement (its kMaxMeanTime)
 
 
 def build_candidate(mod, target, _params=None):
@@ -132,17 +135,20 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
         warm_start(cost_model, database, mod, target)
     except Exception as err:  # noqa: BLE001 -- a cold start is slower, not wrong
         out(f"{progress.label} cost model not warm-started from the database: {err}")
+    builder = ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300, initializer=cuda_wmma.register_ldmatrix_index_map)
+    runner = ms.runner.LocalRunner(
+        timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
+        evaluator_config=ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
+    if before == 0 and trials > 0:
+        measure_default(spec, target, database, builder, runner)
+        progress.done = len(database.records_for(mod))
     while progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
             mod, target, work_dir, max_trials_global=batch, num_trials_per_iter=batch,
             space=design_space(spec, cuda_arch_number(target)), database=database, cost_model=cost_model,
             strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
-            builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300,
-                                            initializer=cuda_wmma.register_ldmatrix_index_map),
-            runner=ms.runner.LocalRunner(
-                timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
-                evaluator_config=ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)),
+            builder=builder, runner=runner,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), ProgressCallback(progress)],
             task_scheduler="round-robin",
         )
@@ -154,6 +160,30 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
         "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
         "best_us": mean_us(best.run_secs) if best else None, "config": config_of(best.trace).to_string() if best else None,
     }
+
+
+def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, builder, runner) -> None:
+    """Measures the default config as a workload's first record: the search's random draws need not
+    include it, and a tuned record must never be slower than the default that it replaces."""
+    import shutil
+
+    from tvm import s_tir
+
+    arch = cuda_arch_number(target)
+    cfg = cuda_wmma.default_config(spec, arch)
+    if cuda_wmma.shared_bytes(spec, cfg) > max_shared_bytes(arch):
+        return  # not a fused kernel on this GPU: nothing to compare with
+    mod = cuda_wmma.workload(spec)
+    sch = cuda_wmma.WmmaFusedSchedule(s_tir.Schedule(mod), spec, cfg, arch).run()
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
+    run_secs = [FAILED_RUN_SECS]
+    if built.error_msg is None:
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda", args_info)])
+        result = future.result()
+        run_secs = run_secs if result.error_msg else list(result.run_secs)
+        shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
+    database.commit_tuning_record(ms.database.TuningRecord(sch.trace, database.commit_workload(mod), run_secs, target, args_info))
 
 
 def warm_start(cost_model, database: TuningDatabase, mod, target) -> int:
