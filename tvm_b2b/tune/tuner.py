@@ -140,8 +140,9 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
         timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
         evaluator_config=ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
     if before == 0 and trials > 0:
-        measure_default(spec, target, database, builder, runner)
-        progress.done = len(database.records_for(mod))
+        batch = measure_default(spec, target, database, builder, runner)
+        if batch:
+            progress.update(batch)
     while progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
@@ -162,9 +163,10 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
     }
 
 
-def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, builder, runner) -> None:
+def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, builder, runner) -> list[float | None]:
     """Measures the default config as a workload's first record: the search's random draws need not
-    include it, and a tuned record must never be slower than the default that it replaces."""
+    include it, and a tuned record must never be slower than the default that it replaces. Returns
+    the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
     import shutil
 
     from tvm import s_tir
@@ -172,18 +174,20 @@ def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, build
     arch = cuda_arch_number(target)
     cfg = cuda_wmma.default_config(spec, arch)
     if cuda_wmma.shared_bytes(spec, cfg) > max_shared_bytes(arch):
-        return  # not a fused kernel on this GPU: nothing to compare with
+        return []  # not a fused kernel on this GPU: nothing to compare with
     mod = cuda_wmma.workload(spec)
     sch = cuda_wmma.WmmaFusedSchedule(s_tir.Schedule(mod), spec, cfg, arch).run()
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
-    run_secs = [FAILED_RUN_SECS]
+    measured = None
     if built.error_msg is None:
         (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda", args_info)])
         result = future.result()
-        run_secs = run_secs if result.error_msg else list(result.run_secs)
+        measured = None if result.error_msg else [float(secs) for secs in result.run_secs]
         shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
-    database.commit_tuning_record(ms.database.TuningRecord(sch.trace, database.commit_workload(mod), run_secs, target, args_info))
+    record = ms.database.TuningRecord(sch.trace, database.commit_workload(mod), measured or [FAILED_RUN_SECS], target, args_info)
+    database.commit_tuning_record(record)
+    return [mean_us(measured) if measured else None]
 
 
 def warm_start(cost_model, database: TuningDatabase, mod, target) -> int:
