@@ -15,7 +15,7 @@ from tvm_b2b.kernel import compile_module, resolve_config
 from tvm_b2b.schedule import cuda_wmma
 from tvm_b2b.target import cuda_arch_number, parse_target
 from tvm_b2b.tune import database, space
-from tvm_b2b.tune.tuner import build_candidate
+from tvm_b2b.tune.tuner import build_candidate, commit_record
 
 SPEC = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=128, residual=True, dtype="float16")
 OTHER = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=64, dtype="float16")
@@ -69,9 +69,7 @@ def _record(db, spec, target, cfg, secs):
     mod = cuda_wmma.workload(spec)
     sch = Schedule(mod)
     cuda_wmma.WmmaFusedSchedule(sch, spec, cfg, 90).run()
-    workload = db.commit_workload(mod)
-    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, [secs], target, args))
+    commit_record(db, mod, sch.trace, target, [secs])
 
 
 # an mma record: its trace holds index maps (the ldmatrix layouts), which TVM 0.27's as_json cannot write
@@ -243,10 +241,10 @@ def test_shipped_h200_database_is_used_when_cross_building(capsys):
     sm_90 takes it, --no-db the defaults."""
     from tvm_b2b.cli import main
 
-    spec = "n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16"
+    spec = "n=8,h=56,w=56,c=64,k1=64,k2=128,dtype=float16"  # its record is not the default config
     target = parse_target("cuda:sm_90")
     tuned = resolve_config(FusedConvSpec.parse(spec), target, True)
-    assert tuned is not None and tuned != cuda_wmma.default_config(FusedConvSpec.parse(spec))
+    assert tuned is not None and tuned != cuda_wmma.default_config(FusedConvSpec.parse(spec), 90)
     assert main(["op", "--spec", spec, "--target", "cuda:sm_90"]) == 0
     assert f"config  tuned record: {tuned.to_string()}" in capsys.readouterr().out
     assert main(["op", "--spec", spec, "--target", "cuda:sm_90", "--no-db"]) == 0

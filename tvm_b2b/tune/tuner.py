@@ -177,17 +177,22 @@ def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, build
         return []  # not a fused kernel on this GPU: nothing to compare with
     mod = cuda_wmma.workload(spec)
     sch = cuda_wmma.WmmaFusedSchedule(s_tir.Schedule(mod), spec, cfg, arch).run()
-    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
     measured = None
     if built.error_msg is None:
+        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
         (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda", args_info)])
         result = future.result()
         measured = None if result.error_msg else [float(secs) for secs in result.run_secs]
         shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
-    record = ms.database.TuningRecord(sch.trace, database.commit_workload(mod), measured or [FAILED_RUN_SECS], target, args_info)
-    database.commit_tuning_record(record)
+    commit_record(database, mod, sch.trace, target, measured or [FAILED_RUN_SECS])
     return [mean_us(measured) if measured else None]
+
+
+def commit_record(database: TuningDatabase, mod, trace, target, run_secs: list[float]) -> None:
+    """Adds the record of one schedule of the workload `mod` (its trace) and its run times."""
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    database.commit_tuning_record(ms.database.TuningRecord(trace, database.commit_workload(mod), run_secs, target, args_info))
 
 
 def warm_start(cost_model, database: TuningDatabase, mod, target) -> int:
