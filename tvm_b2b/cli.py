@@ -177,7 +177,8 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--bench", action="store_true", help="also time the unfused baseline (two kernels)")
     op.add_argument("--unfused", action="store_true", help="build the unfused baseline instead of the fused kernel")
     op.add_argument("--emit-source", metavar="FILE", help="write the generated source (LLVM IR on CPU, CUDA on GPU)")
-    op.add_argument("--config", help="schedule parameters (CUDA), e.g. 'm_tile=128,warps_m=4'")
+    op.add_argument("--config", help="schedule parameters (CUDA), e.g. 'm_tile=128,warps_m=4,k_tile=64,pipeline=1,mma=1' "
+                    "(fields left out: WmmaConfig's base values, not the per-spec defaults)")
     op.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     _db_options(op)
     op.set_defaults(handler=_op)
