@@ -9,7 +9,7 @@
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
 #   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
-#   bash bench/gpu_session.sh epilogue       the register epilogue's GPU tests and compare
+#   bash bench/gpu_session.sh epilogue       the register epilogues' GPU tests, compare and ncu (epilogue=2 past its refusal)
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -52,12 +52,13 @@ case "$1" in
     timeout 300 python3 bench/bench_fused.py --case "${CASE:-$N32}" --config default --config tuned "${cfgs[@]}" \
       --json "$out/fused_compare${TAG:-}.json" 2>&1 | tee "$out/fused_compare${TAG:-}.txt" | grep -v "^\s*$"
     ;;
-  epilogue)  # the register epilogue (epilogue=1): its GPU tests, then speed vs the staged form
-    export T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64"
+  epilogue)  # the register epilogues (epilogue=1, and 2 past its refusal): GPU tests, then speed vs the staged form
+    export TVM_B2B_UNVERIFIED=epilogue2 T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1"
     W="m_tile=256,warps_m=4,warps_n=1,k_tile=64,n1_tile=64,n2_tile=32,pipeline=1,mma=1"
-    timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py -k register_epilogue \
+    timeout 240 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py -k register_epilogue \
       > "$out/gpu_tests_epilogue.log" 2>&1; tail -5 "$out/gpu_tests_epilogue.log"
-    bash "$0" compare "$T,pipeline=1,mma=1" "$T,pipeline=1,mma=1,epilogue=1" "$T,pipeline=0,mma=1,epilogue=1" "$W" "$W,epilogue=1"
+    bash "$0" compare "$T" "$T,epilogue=1" "$T,epilogue=2" "$W" "$W,epilogue=2"
+    bash "$0" ncu "$T,epilogue=2"
     ;;
   ncu)
     shift

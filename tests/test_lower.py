@@ -82,10 +82,12 @@ WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dty
     (WIDE, "m_tile=64,warps_m=4,warps_n=4,k_tile=16,n1_tile=128,n2_tile=512,pipeline=1"),
     (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=1"), (SPEC, WmmaConfig().to_string()),
     (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=2,mma=1,epilogue=1"), (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=1"),
+    (SPEC, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"), (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=2"),
 ], ids=lambda v: v if isinstance(v, str) else v.to_string())
-def test_shared_bytes_bounds_the_planned_pool(spec, config):
+def test_shared_bytes_bounds_the_planned_pool(spec, config, monkeypatch):
     """cuda_wmma.shared_bytes decides fusing vs two kernels and which tuning draws fit the GPU: it must
     never be below the pool PoolSharedMemory plans."""
+    monkeypatch.setenv("TVM_B2B_UNVERIFIED", "epilogue2")  # planned the same, verified or not
     cfg = WmmaConfig.parse(config)
     target = parse_target("cuda:sm_90")
     planned, launched = [], []
@@ -193,6 +195,25 @@ def test_register_epilogue_has_no_fp32_staging(tmp_path):
     assert cuda_wmma.shared_bytes(SPEC, cfg) < cuda_wmma.shared_bytes(SPEC, WmmaConfig.parse("mma=1,pipeline=1"))
     if "sm_90" in nvcc_arches():
         nvcc_compile(source, "sm_90", tmp_path)
+
+
+def test_staged_output_epilogue_stores_128_bits(tmp_path, monkeypatch):
+    """epilogue=2: the register epilogue writes fp16 into a shared tile, and the global stores (y; mid
+    when unfused) are 128-bit; epilogue=1 stores each thread's 2-byte pieces. Refused until it has
+    run right on a GPU."""
+    from cuda_source import nvcc_arches, nvcc_compile
+
+    target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
+    with pytest.raises(ValueError, match="epilogue=2 has not run on a GPU yet"):
+        scheduled_funcs(SPEC, target, True, cfg)
+    monkeypatch.setenv("TVM_B2B_UNVERIFIED", "epilogue2")
+    fused = compiled_source(scheduled_funcs(SPEC, target, True, cfg).funcs, target)
+    unfused = compiled_source(scheduled_funcs(SPEC, target, False, cfg).funcs, target)
+    for source, name in ((fused, "out"), (unfused, "out"), (unfused, "mid")):
+        assert f"*(uint4*)({name}_ptr + " in source and not re.search(rf"\b{name}_ptr\[[^\]]*\] = ", source)
+    assert "half b2b_shared_pool_ptr[]" in fused and "(float*)b2b_shared_pool_ptr" not in fused
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(fused, "sm_90", tmp_path)
 
 
 @pytest.mark.parametrize("mma", [0, 1])

@@ -65,6 +65,14 @@ def test_space_draws_build(arch, tmp_path):
             compiled.add((config.pipeline, config.mma))
 
 
+@pytest.mark.parametrize("config", ["m_tile=32,pipeline=1", "m_tile=32,mma=1,pipeline=2", "m_tile=32,mma=1,epilogue=1", "m_tile=32,mma=1,epilogue=2"])
+def test_config_of_reads_back_the_config(config):
+    """A record's config comes from its trace alone (knobs, depth, instruction set, epilogue)."""
+    cfg = cuda_wmma.WmmaConfig.parse(config)
+    sch = cuda_wmma.WmmaFusedSchedule(Schedule(cuda_wmma.workload(SPEC)), SPEC, cfg, 90).run()
+    assert space.config_of(sch.trace) == cfg
+
+
 def _record(db, spec, target, cfg, secs):
     mod = cuda_wmma.workload(spec)
     sch = Schedule(mod)

@@ -107,6 +107,9 @@ def config_of(trace) -> cuda_wmma.WmmaConfig:
               if inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)]
     depth = max(int(stage) for stage in stages[0]) if stages else 0
     mma = any(inst.kind.name == "Tensorize" and "ldmatrix" in str(inst.attrs) for inst in trace.insts)
-    # the staged form tensorizes the accumulator store; the register epilogue has no store to tensorize
+    # the staged form tensorizes the accumulator store; the register epilogue has no store to tensorize,
+    # and with epilogue=2 caches its output in shared memory
     staged = any(inst.kind.name == "Tensorize" and "store" in str(inst.attrs).lower() for inst in trace.insts)
-    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=depth, mma=int(mma), epilogue=int(mma and not staged))
+    output_cached = any(inst.kind.name == "CacheWrite" and "shared.dyn" in str(inst.attrs) for inst in trace.insts)
+    epilogue = 0 if not mma or staged else 2 if output_cached else 1
+    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=depth, mma=int(mma), epilogue=epilogue)
