@@ -178,9 +178,10 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     fp32 accumulators and its operand tiles; tests/test_lower.py checks the bound)."""
     ext, e = extents(spec), DTYPE_BYTES[spec.dtype]
     mid = cfg.m_tile * _aligned_row(ext["k1"], 64, 8) * e
-    acc = 0 if cfg.epilogue else cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 32, 4) * 4
-    if cfg.epilogue == 2:  # the fp16 tile that global stores read (fused: conv2's chunk; unfused: the larger)
-        acc = cfg.m_tile * _aligned_row(max(cfg.n1_tile, cfg.n2_tile), 64, 8) * e
+    widest = max(cfg.n1_tile, cfg.n2_tile)
+    # the epilogues' shared tile: fp32 accumulators (epilogue=0), none (1), the fp16 tile that global
+    # stores read (2; fused: conv2's chunk, unfused: the wider one)
+    acc = {0: cfg.m_tile * _aligned_row(widest, 32, 4) * 4, 1: 0, 2: cfg.m_tile * _aligned_row(widest, 64, 8) * e}[cfg.epilogue]
     stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
     stage2 = CONV2_K_FRAGS * MMA * _aligned_row(cfg.n2_tile, 64, 8)
     copies = cfg.pipeline + 1  # one buffer per step in flight
@@ -300,22 +301,15 @@ class WmmaFusedSchedule:
     def _stage1(self, fused: bool):
         sch, spec = self.sch, self.spec
         g = self._gemm(sch.get_sblock("conv1"), self.knob["frags_n1"], self.knob["frags_k"])
-        mid = sch.get_sblock("mid")
-        if not self.from_registers:  # the epilogue runs per channel chunk, right after that chunk's accumulators are stored
-            sch.reverse_compute_at(mid, g.chunk, preserve_unit_loops=True)
         self._to_shared(g, 0, vector_lanes(spec.c, 8))
         self._to_shared(g, 1, vector_lanes(spec.k1, 8))
         sch.compute_inline(sch.get_sblock("im2col"))
         sch.compute_inline(sch.get_sblock("w1_gemm"))
-        store = sch.cache_write(mid, 0, "shared.dyn") if self.stage_output and not fused else None
-        self._fragments(g, mid)
+        mid = sch.get_sblock("mid")
+        self._epilogue(g, mid, spec.k1, to_global=not fused)
         if fused:
             sch.set_scope(mid, 0, "shared.dyn")
             sch.storage_align(mid, 0, axis=-2, factor=64, offset=8)
-        if not self.from_registers:
-            self._threads(mid, vector_lanes(spec.k1, 4))
-        if store is not None:
-            self._store_from_shared(mid, store, g, vector_lanes(spec.k1, 8))
         self._tensorize(g)
 
     def _stage2(self, fused: bool):
@@ -327,26 +321,27 @@ class WmmaFusedSchedule:
         sch.compute_inline(sch.get_sblock("w2_gemm"))
         # the epilogue reads the accumulators once and trims the padding as it stores y
         sch.compute_inline(sch.get_sblock("out_pad"))
-        out = sch.get_sblock("out")
-        if not self.from_registers:
-            sch.reverse_compute_at(out, g.chunk, preserve_unit_loops=True)
-        store = sch.cache_write(out, 0, "shared.dyn") if self.stage_output else None
-        self._fragments(g, out)
-        if not self.from_registers:
-            self._threads(out, vector_lanes(spec.k2, 4))
-        if store is not None:
-            self._store_from_shared(out, store, g, vector_lanes(spec.k2, 8))
+        self._epilogue(g, sch.get_sblock("out"), spec.k2, to_global=True)
         self._tensorize(g)
 
-    def _store_from_shared(self, epilogue, store, g: _Gemm, lanes: int):
-        """epilogue=2: the register epilogue writes its fp16 results into a shared tile (rows padded),
-        which all threads then store to global memory, `lanes` elements per access. (With epilogue=1
-        each thread stores the 2-element pieces the mma layout gives it: 2-byte global stores,
-        1.6x slower on the H200.)"""
+    def _epilogue(self, g: _Gemm, block, channels: int, to_global: bool):
+        """Places the GEMM's epilogue `block` (`channels` wide): per channel chunk, right after that
+        chunk's accumulators are staged in shared memory, all threads reading them (epilogue=0); or per
+        warp, each lane reading its accumulator registers (1, 2). With epilogue=2 what it writes to
+        global memory goes through a padded fp16 shared tile, which all threads store with 128-bit
+        accesses (epilogue=1's own stores are the 2-byte pieces of the mma layout: 1.6x slower on the
+        H200)."""
         sch = self.sch
-        sch.reverse_compute_at(store, g.chunk, preserve_unit_loops=True)
-        sch.storage_align(epilogue, 0, axis=-2, factor=64, offset=8)
-        self._threads(store, lanes)
+        if not self.from_registers:
+            sch.reverse_compute_at(block, g.chunk, preserve_unit_loops=True)
+        store = sch.cache_write(block, 0, "shared.dyn") if self.stage_output and to_global else None
+        self._fragments(g, block)
+        if not self.from_registers:
+            self._threads(block, vector_lanes(channels, 4))
+        if store is not None:
+            sch.reverse_compute_at(store, g.chunk, preserve_unit_loops=True)
+            sch.storage_align(block, 0, axis=-2, factor=64, offset=8)
+            self._threads(store, vector_lanes(channels, 8))
 
     def _gemm(self, block, frags_n, frags_k) -> _Gemm:
         """Blockize the (m, n, k) loops under the tile into 16x16x16 MMAs, spread over warps."""
