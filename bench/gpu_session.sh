@@ -7,9 +7,10 @@
 #   [CASES=...] bash bench/gpu_session.sh tunebench MIN N   tune, ship and benchmark in one call
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
+#   bash bench/gpu_session.sh alltests       every GPU test, 8 processes (carry .devcarry/xdist: pip download pytest-xdist execnet)
 #   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
-#   bash bench/gpu_session.sh epilogue       the register epilogues' GPU tests, compare and ncu (epilogue=2 past its refusal)
+#   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -42,6 +43,12 @@ case "$1" in
     timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py > "$out/gpu_tests_kernel.log" 2>&1
     tail -30 "$out/gpu_tests_kernel.log"
     ;;
+  alltests)  # every GPU test in 8 processes: pytest-xdist's wheels carried in .devcarry/xdist (the machine has no registry)
+    mkdir -p /tmp/xdist && for w in .devcarry/xdist/*.whl; do python3 -m zipfile -e "$w" /tmp/xdist; done
+    PYTHONPATH="/tmp/xdist:$PYTHONPATH" timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider -n 8 tests \
+      > "$out/gpu_tests_all.log" 2>&1
+    tail -30 "$out/gpu_tests_all.log"
+    ;;
   tests2)  # every other GPU test (ONNX models on CUDA, tuning, shipped records)
     timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests --deselect tests/test_cuda_kernel.py \
       > "$out/gpu_tests_other.log" 2>&1
@@ -49,15 +56,17 @@ case "$1" in
     ;;
   compare)  # default and tuned vs the given configs, on $CASE (default N=32 56x56 64->64->128)
     shift; cfgs=(); for c in "$@"; do cfgs+=(--config "$c"); done
-    timeout 300 python3 bench/bench_fused.py --case "${CASE:-$N32}" --config default --config tuned "${cfgs[@]}" \
+    timeout 330 python3 bench/bench_fused.py --case "${CASE:-$N32}" --config default --config tuned "${cfgs[@]}" \
       --json "$out/fused_compare${TAG:-}.json" 2>&1 | tee "$out/fused_compare${TAG:-}.txt" | grep -v "^\s*$"
     ;;
-  epilogue)  # the register epilogues (epilogue=1, and 2 past its refusal): GPU tests, then speed vs the staged form
-    export TVM_B2B_UNVERIFIED=epilogue2 T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1"
+  epilogue)  # the register epilogues (epilogue=1 and 2): GPU tests, then speed vs the staged form and other tiles
+    export T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1"
     W="m_tile=256,warps_m=4,warps_n=1,k_tile=64,n1_tile=64,n2_tile=32,pipeline=1,mma=1"
     timeout 240 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py -k register_epilogue \
       > "$out/gpu_tests_epilogue.log" 2>&1; tail -5 "$out/gpu_tests_epilogue.log"
-    bash "$0" compare "$T" "$T,epilogue=1" "$T,epilogue=2" "$W" "$W,epilogue=2"
+    S="m_tile=64,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1"
+    B="m_tile=128,warps_m=2,warps_n=1,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1"  # 64x64 warp tiles
+    bash "$0" compare "$T,epilogue=2" "$W,epilogue=2" "$S" "$S,epilogue=2" "$B,epilogue=2" "$T,epilogue=2,pipeline=2"
     bash "$0" ncu "$T,epilogue=2"
     ;;
   ncu)

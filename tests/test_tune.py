@@ -52,7 +52,7 @@ def test_space_draws_build(arch, tmp_path):
     configs = {space.config_of(s.trace) for s in draws}
     assert len(configs) > 1, "the draws should differ"
     assert {c.pipeline for c in configs} == set(space.SEARCHED_DEPTHS), "every pipeline depth is drawn"
-    assert {c.mma for c in configs} == {0, 1}, "WMMA and mma.sync are drawn"
+    assert {(c.mma, c.epilogue) for c in configs} == {(1, 0), (1, 2)}, "both epilogues are drawn (mma.sync: sm_80+)"
     compiled = set()
     for sch in draws:
         config = cuda_wmma.check_config(SPEC, space.config_of(sch.trace))

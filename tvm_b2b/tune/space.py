@@ -90,11 +90,11 @@ def design_space(spec: FusedConvSpec, arch: int):
 
 
 def _instruction_sets(arch: int) -> list[tuple[int, int]]:
-    """(mma, epilogue) variants searched: WMMA; from sm_80 on mma.sync. Not the epilogues from
-    registers (epilogue=1): correct on the H200 but 1.6x slower (72.7 vs 44.9 us, N=32 56x56
-    64->64->128, bench/results/h200_s5_3_*: scalar 2-byte global stores of the mma layout), so
-    its traces would only take trials from the others."""
-    return [(0, 0)] if arch < 80 else [(0, 0), (1, 0)]
+    """(mma, epilogue) variants searched: before sm_80, WMMA; from sm_80 on, mma.sync with the
+    staged epilogue (0) or from registers through the fp16 output tile (2). Not WMMA there (slower
+    than mma.sync on the H200: bench/results/h200_s4_1_*), nor epilogue=1 (1.6x slower: its 2-byte
+    global stores, h200_s5_3_*): their traces would only take trials from the others."""
+    return [(0, 0)] if arch < 80 else [(1, 0), (1, 2)]
 
 
 def config_of(trace) -> cuda_wmma.WmmaConfig:
