@@ -72,6 +72,7 @@ def test_random_specs_build_one_kernel(n, hw, c, k1, k2, stride, residual):
     ("n=8,h=56,w=56,c=64,k1=64,k2=128", 80, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 196
     ("n=1,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 100 of 32: fewest blocks
     ("n=1,h=28,w=28,c=128,k1=128,k2=512", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 25 of 32
+    ("n=1,h=56,w=56,c=64,k1=64,k2=256,residual=1", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),  # staged: reads the residual
     ("n=32,h=56,w=56,c=64,k1=64,k2=128", 75, "m_tile=64"),  # no mma.sync nor cp.async before sm_80
     ("n=1,h=5,w=5,c=64,k1=64,k2=128", 70, "m_tile=32"),  # 25 rows, padded to 32
 ])
@@ -81,6 +82,23 @@ def test_default_config(spec, arch, expected):
     from tvm_b2b.schedule.cuda_wmma import default_config
 
     assert default_config(FusedConvSpec.parse(spec), arch) == WmmaConfig.parse(expected)
+
+
+@pytest.mark.parametrize("spec", ["n=1,h=15,w=15,c=16,k1=24,k2=16,stride=2", "n=1,h=15,w=15,c=16,k1=16,k2=32"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_register_epilogue_falls_back_where_tvm_cannot_lower_it(spec, fused, caplog, tmp_path):
+    """TVM 0.27 cannot schedule or lower the register epilogue for some shapes (these two: LowerWarpMemory,
+    and compute-at when fused with k1=16): the build takes the staged epilogue (GPU-verified on every
+    shape) with a logged reason, instead of failing."""
+    target = parse_target("cuda:sm_90")
+    spec = FusedConvSpec.parse(spec + ",dtype=float16")
+    with caplog.at_level("WARNING"):
+        funcs = scheduled_funcs(spec, target, fused, WmmaConfig.parse("m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2")).funcs
+    assert "epilogue=2 does not build for this shape" in caplog.text
+    source = compiled_source(funcs, target)
+    assert "mma.sync" in source and "*(uint4*)(out_ptr + " not in source  # staged: no fp16 output tile
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(source, "sm_90", tmp_path)
 
 
 def test_config_reaches_the_schedule():

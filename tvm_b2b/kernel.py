@@ -151,12 +151,9 @@ def compile_module(mod, target):
     planning of our kernels that TVM 0.27 gets wrong)."""
     import tvm
 
-    from .lower import register_pipeline
-    from .target import cuda_arch_number
+    from .lower import pass_config, register_pipeline
 
-    # pipelined copies become cp.async on sm_80+ (zero-filling where the im2col gather is out of bounds)
-    config = {"tirx.use_async_copy": True} if target.kind.name == "cuda" and cuda_arch_number(target) >= 80 else {}
-    with tvm.transform.PassContext(config=config), _cp_async_through_l1(target):
+    with tvm.transform.PassContext(config=pass_config(target)), _cp_async_through_l1(target):
         return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
 
 
@@ -180,11 +177,9 @@ def _cp_async_through_l1(target):
 
 
 def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
-    import tvm
-
+    from .lower import scheduled_module
     from .schedule import scheduled_funcs
 
     kernels = scheduled_funcs(spec, target, fused, config)
     names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
-    mod = tvm.IRModule({name: f.with_attr("tirx.is_scheduled", True) for name, f in zip(names, kernels.funcs)})
-    return FusedKernel(spec, target, compile_module(mod, target), names, kernels.mid_shape, config)
+    return FusedKernel(spec, target, compile_module(scheduled_module(kernels.funcs), target), names, kernels.mid_shape, config)

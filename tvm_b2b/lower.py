@@ -466,3 +466,34 @@ def register_pipeline() -> str:
 
     compilation_pipeline.PIPELINE_MAP.setdefault(PIPELINE, _pipeline)
     return PIPELINE
+
+
+def scheduled_module(funcs) -> tvm.IRModule:
+    """Scheduled PrimFuncs as the IRModule that tvm.compile takes, each under its global symbol."""
+    return tvm.IRModule({str(f.attrs["global_symbol"]): f.with_attr("tirx.is_scheduled", True) for f in funcs})
+
+
+def pass_config(target) -> dict:
+    """The PassContext config of our builds: pipelined copies become cp.async on sm_80+ (zero-filling
+    where the im2col gather is out of bounds)."""
+    from .target import cuda_arch_number
+
+    return {"tirx.use_async_copy": True} if target.kind.name == "cuda" and cuda_arch_number(target) >= 80 else {}
+
+
+def lowering_error(funcs, target) -> str | None:
+    """The first line of what TVM raises lowering these scheduled PrimFuncs as a build would, up to
+    code generation (our pipeline, then the device passes, where LowerWarpMemory runs), or None. A
+    check that costs no code generation and no nvcc."""
+    from tvm.tirx.build import split_host_device_mods
+
+    pipeline, _, finalize_device = tvm.tirx.get_tir_pipeline(register_pipeline())
+    try:
+        with tvm.transform.PassContext(config=pass_config(target)):
+            mod = tirx.transform.BindTarget(target.with_host("llvm"))(scheduled_module(funcs))
+            _, device_mods = split_host_device_mods(pipeline(mod))
+            for device_mod in device_mods.values():
+                finalize_device()(device_mod)
+    except Exception as err:  # noqa: BLE001 -- any error here is one the build would raise
+        return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return None
