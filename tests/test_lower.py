@@ -13,7 +13,7 @@ from cuda_source import compiled_source, kernels
 from tvm_b2b import FusedConvSpec
 from tvm import tirx
 from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, _bytes, hoist_loop_syncs, plan_offsets, register_pipeline
-from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
+from tvm_b2b.schedule.cuda_wmma import UNVERIFIED_RESIDUAL_TILE, WmmaConfig, scheduled_funcs, shared_bytes
 from tvm_b2b.target import parse_target
 
 SPEC = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16")
@@ -75,6 +75,7 @@ def test_fused_kernel_has_one_shared_pool():
 
 
 WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dtype="float16")
+BOTTLENECK = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=256, residual=True, dtype="float16")  # ResNet-50's first pair
 
 
 @pytest.mark.parametrize(("spec", "config"), [
@@ -83,10 +84,15 @@ WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dty
     (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=1"), (SPEC, WmmaConfig().to_string()),
     (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=2,mma=1,epilogue=1"), (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=1"),
     (SPEC, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"), (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=2"),
+    (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=2,residual_tile"),
+    (BOTTLENECK, "m_tile=128,warps_m=4,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1,epilogue=2,residual_tile"),
 ], ids=lambda v: v if isinstance(v, str) else v.to_string())
-def test_shared_bytes_bounds_the_planned_pool(spec, config):
+def test_shared_bytes_bounds_the_planned_pool(spec, config, monkeypatch):
     """cuda_wmma.shared_bytes decides fusing vs two kernels and which tuning draws fit the GPU: it must
     never be below the pool PoolSharedMemory plans."""
+    if config.endswith(",residual_tile"):
+        config = config.removesuffix(",residual_tile")
+        monkeypatch.setenv("TVM_B2B_UNVERIFIED", UNVERIFIED_RESIDUAL_TILE)
     cfg = WmmaConfig.parse(config)
     target = parse_target("cuda:sm_90")
     planned, launched = [], []
@@ -209,6 +215,23 @@ def test_staged_output_epilogue_stores_128_bits(tmp_path):
     assert "half b2b_shared_pool_ptr[]" in fused and "(float*)b2b_shared_pool_ptr" not in fused
     if "sm_90" in nvcc_arches():
         nvcc_compile(fused, "sm_90", tmp_path)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_register_epilogue_loads_the_residual_tile_with_128_bits(fused, tmp_path, monkeypatch):
+    """epilogue=2 with a residual: the residual reads of the register epilogue are 2-byte global loads
+    (GPU-verified, slow), or, with the residual tile (not yet run on a GPU: behind TVM_B2B_UNVERIFIED),
+    128-bit loads into shared memory where the epilogue reads it."""
+    from cuda_source import nvcc_arches, nvcc_compile
+
+    target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
+    before = compiled_source(scheduled_funcs(BOTTLENECK, target, fused, cfg).funcs, target)
+    assert re.search(r"\(\(float\)residual_ptr\[", before) and "= *(uint4*)(residual_ptr + " not in before
+    monkeypatch.setenv("TVM_B2B_UNVERIFIED", UNVERIFIED_RESIDUAL_TILE)
+    tiled = compiled_source(scheduled_funcs(BOTTLENECK, target, fused, cfg).funcs, target)
+    assert "= *(uint4*)(residual_ptr + " in tiled and "residual_ptr[" not in tiled
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(tiled, "sm_90", tmp_path)
 
 
 @pytest.mark.parametrize("mma", [0, 1])

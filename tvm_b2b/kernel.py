@@ -119,7 +119,7 @@ def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, d
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
     target = parse_target(target)
     config = resolve_config(spec, target, fused, config, db)
-    key = (spec, str(target), fused, str(config))
+    key = (spec, str(target), fused, str(config), os.environ.get("TVM_B2B_UNVERIFIED"))  # it can change the schedule
     if key not in _BUILT:
         _BUILT[key] = _compile(spec, target, fused, config)
     return _BUILT[key]
