@@ -12,6 +12,7 @@
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh residual       epilogue=2's residual tile (not yet verified): GPU tests, ResNet pair with and without
+#   bash bench/gpu_session.sh occupancy      TVM_B2B_MIN_BLOCKS=4 (launch bounds) vs none, N=32 56x56 64->64->{128,256}
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -78,6 +79,12 @@ case "$1" in
       tile=$([ $n = 32 ] && echo "$T" || echo "${T/m_tile=128/m_tile=32}")
       CASE="n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1" TAG="_n${n}_global" bash "$0" compare "$tile"
       CASE="n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1" TAG="_n${n}_tile" TVM_B2B_UNVERIFIED=residual-tile bash "$0" compare "$tile"
+    done
+    ;;
+  occupancy)  # TVM_B2B_MIN_BLOCKS=4 (launch bounds: <= 128 registers, 4 blocks per SM) vs none, N=32 56x56 64->64->{128,256}
+    for k2 in 128 256; do
+      CASE="n=32,h=56,w=56,c=64,k1=64,k2=$k2" TAG="_k${k2}_bounds_none" bash "$0" compare
+      CASE="n=32,h=56,w=56,c=64,k1=64,k2=$k2" TAG="_k${k2}_bounds_4" TVM_B2B_MIN_BLOCKS=4 bash "$0" compare
     done
     ;;
   ncu)

@@ -258,3 +258,18 @@ def test_async_copies_go_through_l1(monkeypatch):
     assert "cp.async.ca.shared.global" in source and "cp.async.cg" not in source
     monkeypatch.setenv("TVM_B2B_CP_ASYNC", "cg")
     assert "cp.async.ca" not in compiled_source(funcs, target)
+
+
+def test_min_blocks_caps_registers(monkeypatch, tmp_path):
+    """TVM_B2B_MIN_BLOCKS=4 (an occupancy experiment): the kernel asks for 4 resident blocks per SM, so
+    ptxas keeps the 128-thread default kernel at <= 128 registers (65536 / (4 * 128)), without spills."""
+    from cuda_source import nvcc_arches, nvcc_compile
+
+    target = parse_target("cuda:sm_90")
+    monkeypatch.setenv("TVM_B2B_MIN_BLOCKS", "4")
+    source = compiled_source(scheduled_funcs(SPEC, target, True).funcs, target)
+    assert "__launch_bounds__(128, 4)" in source
+    if "sm_90" in nvcc_arches():
+        report = nvcc_compile(source, "sm_90", tmp_path)
+        registers = int(re.search(r"Used (\d+) registers", report).group(1))
+        assert registers <= 128 and "0 bytes spill stores" in report, report

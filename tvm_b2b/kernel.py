@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 
 import numpy as np
 
@@ -119,7 +120,7 @@ def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, d
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
     target = parse_target(target)
     config = resolve_config(spec, target, fused, config, db)
-    key = (spec, str(target), fused, str(config), os.environ.get("TVM_B2B_UNVERIFIED"))  # it can change the schedule
+    key = (spec, str(target), fused, str(config), *(os.environ.get(v) for v in CODE_ENV))
     if key not in _BUILT:
         _BUILT[key] = _compile(spec, target, fused, config)
     return _BUILT[key]
@@ -153,23 +154,39 @@ def compile_module(mod, target):
 
     from .lower import pass_config, register_pipeline
 
-    with tvm.transform.PassContext(config=pass_config(target)), _cp_async_through_l1(target):
+    with tvm.transform.PassContext(config=pass_config(target)), _cuda_source_rewrites(target):
         return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
 
 
-@contextlib.contextmanager
-def _cp_async_through_l1(target):
+# Environment variables that change the generated code (a build is cached per their values)
+CODE_ENV = ("TVM_B2B_CP_ASYNC", "TVM_B2B_MIN_BLOCKS", "TVM_B2B_UNVERIFIED")
+
+
+def _rewrite_cuda_source(code: str) -> str:
     """16-byte cp.async as .ca (through L1) instead of TVM's .cg (L2 only): the nine 3x3 taps read
     overlapping rows of x, which L1 then serves (H200, N=32 56x56 64->64->128: 54.4 -> 49.6 us,
-    bench/results/h200_s5_1_*). TVM_B2B_CP_ASYNC=cg keeps TVM's, for comparison."""
+    bench/results/h200_s5_1_*); TVM_B2B_CP_ASYNC=cg keeps TVM's, for comparison. TVM_B2B_MIN_BLOCKS=B
+    (an experiment, not measured yet) asks each kernel for B resident blocks per SM
+    (`__launch_bounds__(threads, B)`): the compiler then caps registers per thread to fit them."""
+    if os.environ.get("TVM_B2B_CP_ASYNC") != "cg":
+        code = code.replace("cp.async.cg.shared.global", "cp.async.ca.shared.global")
+    blocks = os.environ.get("TVM_B2B_MIN_BLOCKS")
+    if blocks:
+        code = re.sub(r"__launch_bounds__\((\d+)\)", rf"__launch_bounds__(\1, {int(blocks)})", code)
+    return code
+
+
+@contextlib.contextmanager
+def _cuda_source_rewrites(target):
+    """Applies _rewrite_cuda_source to the CUDA source of builds inside (only ours: registered for
+    the duration)."""
     import tvm_ffi
 
-    if os.environ.get("TVM_B2B_CP_ASYNC") == "cg" or target.kind.name != "cuda":
+    if target.kind.name != "cuda":
         yield
         return
     hook = "tvm_callback_cuda_postproc"  # CUDA codegen's hook on the generated source
-    tvm_ffi.register_global_func(hook, lambda code, _target: code.replace("cp.async.cg.shared.global", "cp.async.ca.shared.global"),
-                                 override=True)
+    tvm_ffi.register_global_func(hook, lambda code, _target: _rewrite_cuda_source(code), override=True)
     try:
         yield
     finally:
