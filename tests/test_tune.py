@@ -60,9 +60,9 @@ def test_space_draws_build(arch, tmp_path):
         source = build_candidate(sch.mod, target).imports[0].inspect_source()
         assert len(kernels(source)) == 1 and ("wmma::mma_sync" in source or "mma.sync" in source)
         assert source.count("extern __shared__") == 1, config
-        if arch in nvcc_arches() and (config.pipeline, config.mma) not in compiled:
+        if arch in nvcc_arches() and (config.pipeline, config.epilogue) not in compiled:
             nvcc_compile(source, arch, tmp_path)
-            compiled.add((config.pipeline, config.mma))
+            compiled.add((config.pipeline, config.epilogue))
 
 
 @pytest.mark.parametrize("config", ["m_tile=32,pipeline=1", "m_tile=32,mma=1,pipeline=2", "m_tile=32,mma=1,epilogue=1", "m_tile=32,mma=1,epilogue=2"])
