@@ -46,6 +46,7 @@ case "$1" in
     tail -30 "$out/gpu_tests_kernel.log"
     ;;
   alltests)  # every GPU test in 8 processes: pytest-xdist's wheels carried in .devcarry/xdist (the machine has no registry)
+    ls .devcarry/xdist/*.whl >/dev/null 2>&1 || { echo "no wheels in .devcarry/xdist: run 'pip download -d .devcarry/xdist pytest-xdist execnet' here and carry it"; exit 1; }
     mkdir -p /tmp/xdist && for w in .devcarry/xdist/*.whl; do python3 -m zipfile -e "$w" /tmp/xdist; done
     PYTHONPATH="/tmp/xdist:$PYTHONPATH" timeout 570 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider -n 8 tests \
       > "$out/gpu_tests_all.log" 2>&1
