@@ -78,14 +78,16 @@ case "$1" in
       -k residual_tile > "$out/gpu_tests_residual_tile.log" 2>&1; tail -5 "$out/gpu_tests_residual_tile.log"
     for n in 32 1; do
       tile=$([ $n = 32 ] && echo "$T" || echo "${T/m_tile=128/m_tile=32}")
-      CASE="n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1" TAG="_n${n}_global" bash "$0" compare "$tile"
-      CASE="n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1" TAG="_n${n}_tile" TVM_B2B_UNVERIFIED=residual-tile bash "$0" compare "$tile"
+      export CASE="n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1"
+      TAG="_n${n}_global" bash "$0" compare "$tile"
+      TAG="_n${n}_tile" TVM_B2B_UNVERIFIED=residual-tile bash "$0" compare "$tile"
     done
     ;;
   occupancy)  # TVM_B2B_MIN_BLOCKS=4 (launch bounds: <= 128 registers, 4 blocks per SM) vs none, N=32 56x56 64->64->{128,256}
     for k2 in 128 256; do
-      CASE="n=32,h=56,w=56,c=64,k1=64,k2=$k2" TAG="_k${k2}_bounds_none" bash "$0" compare
-      CASE="n=32,h=56,w=56,c=64,k1=64,k2=$k2" TAG="_k${k2}_bounds_4" TVM_B2B_MIN_BLOCKS=4 bash "$0" compare
+      export CASE="n=32,h=56,w=56,c=64,k1=64,k2=$k2"
+      TAG="_k${k2}_bounds_none" bash "$0" compare
+      TAG="_k${k2}_bounds_4" TVM_B2B_MIN_BLOCKS=4 bash "$0" compare
     done
     ;;
   ncu)

@@ -495,5 +495,10 @@ def lowering_error(funcs, target) -> str | None:
             for device_mod in device_mods.values():
                 finalize_device()(device_mod)
     except Exception as err:  # noqa: BLE001 -- any error here is one the build would raise
-        return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return error_line(err)
     return None
+
+
+def error_line(err: Exception) -> str:
+    """The first line of a TVM error (its full text holds the IR), at most 200 characters: for a log line."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]

@@ -541,12 +541,12 @@ def _schedule_each(funcs, spec: FusedConvSpec, cfg: WmmaConfig, arch: int, targe
     some shapes TVM 0.27 rejects them in scheduling or lowering (e.g. k2=16 at stride 2:
     LowerWarpMemory cannot map the trimmed output onto the mma layout), so they are lowered once here,
     where a fallback is still possible (a model build lowers all its kernels together)."""
-    from ..lower import lowering_error
+    from ..lower import error_line, lowering_error
 
-    if not cfg.epilogue:
-        return [schedule(f, spec, cfg, arch) for f in funcs], None
     try:
         scheduled = [schedule(f, spec, cfg, arch) for f in funcs]
     except s_tir.ScheduleError as err:
-        return [], str(err).strip().splitlines()[0][:200]
-    return scheduled, lowering_error(scheduled, target)
+        if not cfg.epilogue:
+            raise
+        return [], error_line(err)
+    return scheduled, lowering_error(scheduled, target) if cfg.epilogue else None
