@@ -11,8 +11,6 @@
 #   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
-#   bash bench/gpu_session.sh residual       epilogue=2's residual tile (not yet verified): GPU tests, ResNet pair with and without
-#   bash bench/gpu_session.sh occupancy      TVM_B2B_MIN_BLOCKS=4 (launch bounds) vs none, N=32 56x56 64->64->{128,256}
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -25,7 +23,7 @@ case "$1" in
     specs=$( (if [ -n "${CASES:-}" ]; then tr ' ' '\n' <<< "$CASES"; else python3 bench/bench_fused.py --list; fi) | sed 's/^/--spec /')
     timeout $(( ${2:-5} * 60 + 60 )) python3 -m tvm_b2b tune $specs --target cuda --trials "${3:-16}" --db .tune/db \
       --minutes "${2:-5}" 2>&1 | quiet | tee "$out/tune.log" | grep -E "^\[|^n=|time budget"
-    mkdir -p "$out/db" && cp .tune/db/* "$out/db/"
+    mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
     ;;
   tunebench)  # tune (as `tune`), then ship and benchmark in the same call; database and shipped records in $out/tuned.tgz
     CASES="${CASES:-}" bash "$0" tune "$2" "$3"; rm -rf "$out/db"
@@ -71,24 +69,6 @@ case "$1" in
     B="m_tile=128,warps_m=2,warps_n=1,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1"  # 64x64 warp tiles
     bash "$0" compare "$T,epilogue=2" "$W,epilogue=2" "$S" "$S,epilogue=2" "$B,epilogue=2" "$T,epilogue=2,pipeline=2"
     bash "$0" ncu "$T,epilogue=2"
-    ;;
-  residual)  # epilogue=2's residual tile (behind TVM_B2B_UNVERIFIED): its GPU tests, then the ResNet pair N=32/N=1 56x56 64->64->256 +r
-    T="m_tile=128,warps_m=2,warps_n=2,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1,epilogue=2"
-    TVM_B2B_UNVERIFIED=residual-tile timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_kernel.py \
-      -k residual_tile > "$out/gpu_tests_residual_tile.log" 2>&1; tail -5 "$out/gpu_tests_residual_tile.log"
-    for n in 32 1; do
-      tile=$([ $n = 32 ] && echo "$T" || echo "${T/m_tile=128/m_tile=32}")
-      export CASE="n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1"
-      TAG="_n${n}_global" bash "$0" compare "$tile"
-      TAG="_n${n}_tile" TVM_B2B_UNVERIFIED=residual-tile bash "$0" compare "$tile"
-    done
-    ;;
-  occupancy)  # TVM_B2B_MIN_BLOCKS=4 (launch bounds: <= 128 registers, 4 blocks per SM) vs none, N=32 56x56 64->64->{128,256}
-    for k2 in 128 256; do
-      export CASE="n=32,h=56,w=56,c=64,k1=64,k2=$k2"
-      TAG="_k${k2}_bounds_none" bash "$0" compare
-      TAG="_k${k2}_bounds_4" TVM_B2B_MIN_BLOCKS=4 bash "$0" compare
-    done
     ;;
   ncu)
     shift

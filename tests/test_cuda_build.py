@@ -70,15 +70,17 @@ def test_random_specs_build_one_kernel(n, hw, c, k1, k2, stride, residual):
 @pytest.mark.parametrize(("spec", "arch", "expected"), [
     ("n=32,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 784 blocks of 128
     ("n=8,h=56,w=56,c=64,k1=64,k2=128", 80, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 196
-    ("n=1,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 100 of 32: fewest blocks
-    ("n=1,h=28,w=28,c=128,k1=128,k2=512", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 25 of 32
-    ("n=1,h=56,w=56,c=64,k1=64,k2=256,residual=1", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),  # staged: reads the residual
+    ("n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1", 90, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # residual tile
+    ("n=4,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=64,k_tile=64,pipeline=1,mma=1,epilogue=2"),  # 196 of 64 (98 of 128)
+    ("n=1,h=56,w=56,c=64,k1=64,k2=128", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),  # 100 of 32: fewest blocks; staged
+    ("n=1,h=28,w=28,c=128,k1=128,k2=512", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),  # 25 of 32
+    ("n=1,h=56,w=56,c=64,k1=64,k2=256,residual=1", 90, "m_tile=32,k_tile=64,pipeline=1,mma=1"),
     ("n=32,h=56,w=56,c=64,k1=64,k2=128", 75, "m_tile=64"),  # no mma.sync nor cp.async before sm_80
     ("n=1,h=5,w=5,c=64,k1=64,k2=128", 70, "m_tile=32"),  # 25 rows, padded to 32
 ])
 def test_default_config(spec, arch, expected):
-    """sm_80+: mma.sync, one step ahead, register epilogues with 128-bit stores, the largest pixel tile
-    still giving MIN_BLOCKS blocks."""
+    """sm_80+: mma.sync, one step ahead, the largest pixel tile still giving MIN_BLOCKS blocks, register
+    epilogues with 128-bit stores from 64-pixel tiles up (the staged epilogue on 32-pixel tiles)."""
     from tvm_b2b.schedule.cuda_wmma import default_config
 
     assert default_config(FusedConvSpec.parse(spec), arch) == WmmaConfig.parse(expected)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.op import ACTIVATIONS, compare, random_inputs, reference
-from tvm_b2b.schedule.cuda_wmma import KNOBS, UNVERIFIED_RESIDUAL_TILE, WmmaConfig, check_config, stages_residual
+from tvm_b2b.schedule.cuda_wmma import KNOBS, WmmaConfig, check_config, stages_residual
 
 pytestmark = pytest.mark.gpu
 
@@ -109,7 +109,7 @@ def test_register_epilogue_matches_reference(spec, config, fused):
     _assert_computes_op(spec, 11, fused=fused, config=config, db=None)
 
 
-# epilogue=2 with the residual loaded into a shared tile (behind TVM_B2B_UNVERIFIED until these pass)
+# epilogue=2 with a residual: it is loaded into a shared tile, where the register epilogue reads it
 RESIDUAL_TILE = [
     (GRID[2], "mma=1,epilogue=2,pipeline=1,m_tile=128,k_tile=64"), (GRID[3], "mma=1,epilogue=2,pipeline=2,k_tile=64"),
     (GRID[4], "mma=1,epilogue=2,n1_tile=128,n2_tile=256"), (GRID[7], "mma=1,epilogue=2,m_tile=32"),
@@ -118,7 +118,6 @@ RESIDUAL_TILE = [
 
 @pytest.mark.parametrize(("spec", "config"), RESIDUAL_TILE, ids=lambda v: v if isinstance(v, str) else v.to_string())
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
-def test_residual_tile_matches_reference(spec, config, fused, monkeypatch):
-    monkeypatch.setenv("TVM_B2B_UNVERIFIED", UNVERIFIED_RESIDUAL_TILE)
+def test_residual_tile_matches_reference(spec, config, fused):
     assert stages_residual(spec, WmmaConfig.parse(config))
     _assert_computes_op(spec, 13, fused=fused, config=config, db=None)

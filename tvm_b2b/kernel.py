@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 
 import numpy as np
 
@@ -159,20 +158,17 @@ def compile_module(mod, target):
 
 
 # Environment variables that change the generated code (a build is cached per their values)
-CODE_ENV = ("TVM_B2B_CP_ASYNC", "TVM_B2B_MIN_BLOCKS", "TVM_B2B_UNVERIFIED")
+CODE_ENV = ("TVM_B2B_CP_ASYNC",)
 
 
 def _rewrite_cuda_source(code: str) -> str:
     """16-byte cp.async as .ca (through L1) instead of TVM's .cg (L2 only): the nine 3x3 taps read
     overlapping rows of x, which L1 then serves (H200, N=32 56x56 64->64->128: 54.4 -> 49.6 us,
-    bench/results/h200_s5_1_*); TVM_B2B_CP_ASYNC=cg keeps TVM's, for comparison. TVM_B2B_MIN_BLOCKS=B
-    (an experiment, not measured yet) asks each kernel for B resident blocks per SM
-    (`__launch_bounds__(threads, B)`): the compiler then caps registers per thread to fit them."""
+    bench/results/h200_s5_1_*); TVM_B2B_CP_ASYNC=cg keeps TVM's, for comparison. (Asking for 4 resident
+    blocks per SM with `__launch_bounds__(threads, 4)` measured slower: 44.5 vs 41.3 us at 64->64->128,
+    bench/results/h200_s7_2_*.)"""
     if os.environ.get("TVM_B2B_CP_ASYNC") != "cg":
         code = code.replace("cp.async.cg.shared.global", "cp.async.ca.shared.global")
-    blocks = os.environ.get("TVM_B2B_MIN_BLOCKS")
-    if blocks:
-        code = re.sub(r"__launch_bounds__\((\d+)\)", rf"__launch_bounds__(\1, {int(blocks)})", code)
     return code
 
 

@@ -10,8 +10,8 @@ Each thread block owns `m_tile` output pixels (rows of both implicit GEMMs):
   3. conv2 = mid @ w2 in chunks of `n2_tile` channels, A operand read straight from `mid`, w2
      staged through shared memory; the s2/b2/residual/act2 epilogue stores to global memory.
 With mma=1 and epilogue=1 both epilogues read the accumulator registers instead (no fp32 staging);
-epilogue=2 (the sm_80+ default) also stages what they store to global memory as fp16 in shared
-memory (128-bit stores).
+epilogue=2 (the sm_80+ default from 64-pixel tiles) also stages what they store to global memory
+as fp16 in shared memory (128-bit stores), and loads the residual into shared memory the same way.
 All extents are padded per spec (`extents`: rows to 32/64/128, channels and the reduction to 64), so
 any shape is exact and every config schedules the same PrimFunc. Tile sizes are knobs (`KNOBS`)
 drawn with sample_categorical: fixed to a WmmaConfig for a build, searched by tvm_b2b.tune.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass
 
 from tvm import s_tir
@@ -136,32 +135,26 @@ MIN_BLOCKS = 128  # about one thread block per SM of a large GPU (the H200 has 1
 
 def default_config(spec: FusedConvSpec, arch: int = 80) -> WmmaConfig:
     """The untuned choice, 2x2 warps. sm_80 and newer: ldmatrix + mma.sync, operand loads one
-    64-deep reduction step ahead (cp.async), epilogues from the registers with 128-bit stores
-    (epilogue=2), and the largest pixel tile (128/64/32) that still gives MIN_BLOCKS blocks (H200,
-    N=32 56x56 64->64->128: 41.5 us; 45.0 with epilogue=0, bench/results/h200_s6_1_*; 66.5 with the
-    older 64-pixel WMMA default, h200_s5_3_*). Older GPUs: WMMA, 64-pixel tiles (32 where the padded
-    rows take only 32). With a residual, the staged epilogue (0): the register epilogue reads the
-    residual in 2-byte pieces of the mma layout (56x56 64->64->256 +r: N=1 12.8 vs 9.2 us, N=32 79.1
-    vs 75.7, bench/results/fused_h200_s6_default_vs_tuned.txt vs fused_h200_s5_*)."""
+    64-deep reduction step ahead (cp.async), and the largest pixel tile (128/64/32) that still gives
+    MIN_BLOCKS blocks. Epilogues from the registers with 128-bit stores (epilogue=2) from 64-pixel
+    tiles up, the staged epilogue (0) on 32-pixel tiles, where it measured faster (H200, 56x56
+    64->64->k2: N=32 k2=128 41.5 vs 45.0 us, +r k2=256 68.9 vs 76.1; m_tile=64 50.3 vs 52.6; N=1
+    (m_tile=32) k2=128 7.1 vs 7.6, k2=256 8.2 vs 9.3, +r 9.4 vs 11.9; bench/results/h200_s6_1_*,
+    h200_s7_1_*, fused_h200_s7_*). Older GPUs: WMMA, 64-pixel tiles (32 where the padded rows take
+    only 32)."""
     m = extents(spec)["m"]
     if arch < 80:
         return WmmaConfig(m_tile=32) if m % 64 else WmmaConfig()
     tiles = [t for t in (128, 64, 32) if m % t == 0]
     m_tile = next((t for t in tiles if m // t >= MIN_BLOCKS), tiles[-1])
-    return WmmaConfig(m_tile=m_tile, k_tile=64, pipeline=1, mma=1, epilogue=0 if spec.residual else 2)
-
-
-# The register epilogue with a residual loads it into a shared tile first (128-bit loads): built, not yet
-# run on a GPU, so only with TVM_B2B_UNVERIFIED=residual-tile until tests/test_cuda_kernel.py's residual
-# rows pass there (`bash bench/gpu_session.sh residual`); without it epilogue=2 reads the residual from
-# global memory (GPU-verified, slower: see default_config).
-UNVERIFIED_RESIDUAL_TILE = "residual-tile"
+    return WmmaConfig(m_tile=m_tile, k_tile=64, pipeline=1, mma=1, epilogue=2 if m_tile >= 64 else 0)
 
 
 def stages_residual(spec: FusedConvSpec, cfg: WmmaConfig) -> bool:
-    """Whether the schedule loads the residual into a shared tile (epilogue=2 with a residual)."""
-    return (spec.residual and cfg.mma and cfg.epilogue == 2
-            and os.environ.get("TVM_B2B_UNVERIFIED") == UNVERIFIED_RESIDUAL_TILE)
+    """Whether the schedule loads the residual into a shared tile: with epilogue=2 (the register
+    epilogue would otherwise read it from global memory in the 2-byte pieces of the mma layout: H200,
+    N=32 56x56 64->64->256 +r 68.9 us with the tile, 79.4 without, bench/results/h200_s7_1_*)."""
+    return bool(spec.residual and cfg.mma and cfg.epilogue == 2)
 
 
 def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaConfig:
