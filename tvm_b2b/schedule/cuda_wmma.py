@@ -495,12 +495,11 @@ def workload(spec: FusedConvSpec):
     return tvm.IRModule({"main": fused_prim_func(spec, extents(spec))})
 
 
-def schedule(func, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int):
-    """The scheduled PrimFunc (cfg None: knobs drawn at random), marked for our shared-memory
-    planning (tvm_b2b.lower)."""
+def marked(sch: s_tir.Schedule):
+    """The scheduled PrimFunc, marked for our shared-memory planning (tvm_b2b.lower)."""
     from ..lower import POOL_ATTR
 
-    return WmmaFusedSchedule(s_tir.Schedule(func), spec, cfg, arch).run().mod["main"].with_attr(POOL_ATTR, True)
+    return sch.mod["main"].with_attr(POOL_ATTR, True)
 
 
 def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | None = None):
@@ -514,32 +513,43 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
     cfg = check_config(spec, cfg or default_config(spec, arch), arch)
-    need, have = shared_bytes(spec, cfg), max_shared_bytes(arch)
-    if fused and need > have:
-        log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two "
-                    "tensor-core kernels instead", spec.to_string(), need // 1024, arch, have // 1024)
+    if fused and not fits_shared_memory(spec, cfg, arch):
+        log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two tensor-core kernels "
+                    "instead", spec.to_string(), shared_bytes(spec, cfg) // 1024, arch, max_shared_bytes(arch) // 1024)
         fused = False
     ext = extents(spec)
     funcs = [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
-    scheduled, error = _schedule_each(funcs, spec, cfg, arch, target)
-    if error:
-        log.warning("%s: epilogue=%d does not build for this shape in TVM 0.27 (%s); using the staged "
-                    "epilogue (epilogue=0) with the same tiles", spec.to_string(), cfg.epilogue, error)
-        return scheduled_funcs(spec, target, fused, dataclasses.replace(cfg, epilogue=0))
-    return Kernels(scheduled, None if fused else (ext["m"], ext["k1"]))
+    schedules, used = buildable_schedules(funcs, spec, cfg, target)
+    if used != cfg and fused and not fits_shared_memory(spec, used, arch):
+        return scheduled_funcs(spec, target, True, used)  # the staged epilogue's fallback needs more: two kernels
+    return Kernels([marked(sch) for sch in schedules], None if fused else (ext["m"], ext["k1"]))
 
 
-def _schedule_each(funcs, spec: FusedConvSpec, cfg: WmmaConfig, arch: int, target) -> tuple[list, str | None]:
-    """The PrimFuncs scheduled with cfg, or why the register epilogues (1, 2) cannot build them: for
-    some shapes TVM 0.27 rejects them in scheduling or lowering (e.g. k2=16 at stride 2:
-    LowerWarpMemory cannot map the trimmed output onto the mma layout), so they are lowered once here,
-    where a fallback is still possible (a model build lowers all its kernels together)."""
+def fits_shared_memory(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:
+    """Whether the fused kernel's shared memory (shared_bytes) fits the arch's."""
+    return shared_bytes(spec, cfg) <= max_shared_bytes(arch)
+
+
+def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target) -> tuple[list[s_tir.Schedule], WmmaConfig]:
+    """The PrimFuncs scheduled with cfg, and cfg; where TVM 0.27 cannot schedule or lower cfg's
+    register epilogue (1, 2) for this shape (e.g. k2=16 at stride 2: LowerWarpMemory cannot map the
+    trimmed output onto the mma layout), scheduled with the staged epilogue (0, same tiles) and that
+    config, with a logged reason. Register-epilogue kernels are therefore lowered once here, where a
+    fallback is still possible (a model build lowers all its kernels together). What a build runs
+    and what the tuner measures as the default both come from here."""
     from ..lower import error_line, lowering_error
 
+    arch, error = cuda_arch_number(target), None
     try:
-        scheduled = [schedule(f, spec, cfg, arch) for f in funcs]
+        schedules = [WmmaFusedSchedule(s_tir.Schedule(f), spec, cfg, arch).run() for f in funcs]
+        if cfg.epilogue:
+            error = lowering_error([marked(sch) for sch in schedules], target)
     except s_tir.ScheduleError as err:
         if not cfg.epilogue:
             raise
-        return [], error_line(err)
-    return scheduled, lowering_error(scheduled, target) if cfg.epilogue else None
+        error = error_line(err)
+    if error is None:
+        return schedules, cfg
+    log.warning("%s: epilogue=%d does not build for this shape in TVM 0.27 (%s); using the staged "
+                "epilogue (epilogue=0) with the same tiles", spec.to_string(), cfg.epilogue, error)
+    return buildable_schedules(funcs, spec, dataclasses.replace(cfg, epilogue=0), target)

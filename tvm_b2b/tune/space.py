@@ -12,7 +12,6 @@ from tvm.ir.utils import derived_object
 
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
-from ..target import max_shared_bytes
 
 SEARCHED_DEPTHS = (0, 1, 2)  # pipeline depths tuned (3 rarely fits next to the intermediate)
 
@@ -64,7 +63,7 @@ class FitsTemplate(ms.postproc.PyPostproc):
             cfg = cuda_wmma.check_config(self.spec, config_of(sch.trace), self.arch)
         except ValueError:
             return False
-        return cuda_wmma.shared_bytes(self.spec, cfg) <= max_shared_bytes(self.arch)
+        return cuda_wmma.fits_shared_memory(self.spec, cfg, self.arch)
 
     def clone(self):
         return FitsTemplate(self.spec, self.arch)

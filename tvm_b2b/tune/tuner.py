@@ -12,7 +12,7 @@ from tvm.ir.utils import derived_object
 
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
-from ..target import cuda_arch_number, max_shared_bytes
+from ..target import cuda_arch_number
 from .database import TuningDatabase, best_record, mean_us
 from .space import config_of, design_space
 
@@ -169,14 +169,12 @@ def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, build
     the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
     import shutil
 
-    from tvm import s_tir
-
     arch = cuda_arch_number(target)
     cfg = cuda_wmma.default_config(spec, arch)
-    if cuda_wmma.shared_bytes(spec, cfg) > max_shared_bytes(arch):
+    if not cuda_wmma.fits_shared_memory(spec, cfg, arch):
         return []  # not a fused kernel on this GPU: nothing to compare with
     mod = cuda_wmma.workload(spec)
-    sch = cuda_wmma.WmmaFusedSchedule(s_tir.Schedule(mod), spec, cfg, arch).run()
+    (sch,), _ = cuda_wmma.buildable_schedules([mod["main"]], spec, cfg, target)  # what build would run
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
     measured = None
     if built.error_msg is None:
