@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import shutil
 import sys
 
@@ -33,6 +34,15 @@ def _history(readme: str) -> str:
     return "\n" + text[text.index(HISTORY):] if HISTORY in text else ""
 
 
+def _shipped_trials(readme: str) -> dict[str, int]:
+    """The 'trials measured' of each spec in a shipped README's table (the shipped database keeps only
+    the best records, so its record count is not what was measured)."""
+    if not os.path.exists(readme):
+        return {}
+    rows = re.findall(r"^\| `([^`]+)` \| (\d+) \|", open(readme).read(), flags=re.MULTILINE)
+    return {spec: int(trials) for spec, trials in rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db", nargs="+", help="tuning databases (tvm-b2b tune --db)")
@@ -53,6 +63,10 @@ def main() -> int:
     source = database.TuningDatabase(merged)
     specs = [FusedConvSpec.parse(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]
     target = parse_target(f"cuda:{arch}")
+    # trials: those the shipped README counted, plus the records of the other (new) databases
+    readme = os.path.join(out, "README.md")
+    before = _shipped_trials(readme)
+    new = [database.TuningDatabase(db) for db in args.db if not (os.path.isdir(out) and os.path.samefile(db, out))]
     rows, shipped = [], []
     for spec in specs:
         mod = workload(spec)
@@ -60,9 +74,10 @@ def main() -> int:
         if best is not None:
             shipped.append(spec)
             us = database.mean_us(best.run_secs)
-            rows.append(f"| `{spec.to_string()}` | {len(source.records_for(mod))} | {us:.1f} | `{config_of(best.trace).to_string()}` |")
+            trials = before.get(spec.to_string(), 0) + sum(len(db.records_for(mod)) for db in new)
+            rows.append(f"| `{spec.to_string()}` | {trials} | {us:.1f} | `{config_of(best.trace).to_string()}` |")
     database.record_specs(tmp, shipped)
-    history = _history(os.path.join(out, "README.md"))
+    history = _history(readme)
     with open(os.path.join(tmp, "README.md"), "w") as f:
         f.write(f"# Tuned schedules: {gpu} ({arch})\n\n"
                 f"MetaSchedule JSON database (stock `ms.database.JSONDatabase` reads it), the {args.top} best records "

@@ -114,10 +114,11 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     other = database.TuningDatabase(tmp_path / "other")
     _record(other, OTHER, target, SLOW, 5e-5)
     _record(other, SPEC, target, SLOW, 1e-5)  # now the fastest record of SPEC
-    database.record_specs(tmp_path / "other", [OTHER])
+    database.record_specs(tmp_path / "other", [OTHER, SPEC])
     out = tmp_path / "shipped"
     out.mkdir()
-    (out / "README.md").write_text("# old table\n\n## History\n- session 1: by hand\n")  # notes survive reshipping
+    old_row = f"| `{SPEC.to_string()}` | 7 | 1.0 | `...` |"  # 7 trials measured before
+    (out / "README.md").write_text(f"# old table\n\n{old_row}\n\n## History\n- session 1: by hand\n")  # notes survive reshipping
     run = subprocess.run([sys.executable, "bench/ship_schedules.py", str(tuned_dir), str(tmp_path / "other"), "--top", "2",
                           "--gpu", "NVIDIA H200", "--arch", "sm_90", "--out", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-1500:]
@@ -127,6 +128,8 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     readme = (out / "README.md").read_text()
     assert OTHER.to_string() in (out / "specs.txt").read_text() and "NVIDIA H200 (sm_90)" in readme
     assert "## History\n- session 1: by hand" in readme and "old table" not in readme
+    # trials add up: the README's 7, then the 2 and 1 records of SPEC in the two new databases
+    assert f"| `{SPEC.to_string()}` | 10 |" in readme and f"| `{OTHER.to_string()}` | 1 |" in readme, readme
 
 
 def test_records_apply_only_to_their_workload_and_arch(tuned_dir):
@@ -260,7 +263,7 @@ def test_shipped_h200_database_is_used_when_cross_building(capsys):
     sm_90 takes it, --no-db the defaults."""
     from tvm_b2b.cli import main
 
-    spec = "n=1,h=56,w=56,c=64,k1=64,k2=64,dtype=float16"  # its record (epilogue=0) is not the default config
+    spec = "n=1,h=28,w=28,c=128,k1=128,k2=512,residual=1,dtype=float16"  # its record (n1_tile=128, ...) is not the default
     target = parse_target("cuda:sm_90")
     tuned = resolve_config(FusedConvSpec.parse(spec), target, True)
     assert tuned is not None and tuned != cuda_wmma.default_config(FusedConvSpec.parse(spec), 90)
