@@ -103,6 +103,23 @@ def test_register_epilogue_falls_back_where_tvm_cannot_lower_it(spec, fused, cap
         nvcc_compile(source, "sm_90", tmp_path)
 
 
+def test_staged_fallback_that_outgrows_shared_memory_runs_as_two_kernels(monkeypatch, caplog):
+    """The staged epilogue needs more shared memory than the register one (fp32 accumulator tiles): where
+    the fallback no longer fits the GPU (here a GPU with just enough for the register epilogue), the
+    pair runs as two kernels instead of a fused kernel that could not launch."""
+    from tvm_b2b.schedule import cuda_wmma
+
+    spec = FusedConvSpec.parse("n=1,h=15,w=15,c=16,k1=24,k2=16,stride=2,dtype=float16")
+    cfg = WmmaConfig.parse("m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2")
+    just_enough = cuda_wmma.shared_bytes(spec, cfg)
+    assert cuda_wmma.shared_bytes(spec, WmmaConfig.parse("m_tile=32,k_tile=64,pipeline=1,mma=1")) > just_enough
+    monkeypatch.setattr(cuda_wmma, "max_shared_bytes", lambda arch: just_enough)
+    with caplog.at_level("WARNING"):
+        kernels = scheduled_funcs(spec, parse_target("cuda:sm_90"), True, cfg)
+    assert len(kernels.funcs) == 2 and kernels.mid_shape is not None
+    assert "epilogue=2 does not build" in caplog.text and "not fused" in caplog.text
+
+
 def test_config_reaches_the_schedule():
     """Default: 2x2 warps (128 threads); warps_m=4 gives 8 warps (256 threads)."""
     assert '__global__ void __launch_bounds__(128)' in build(SPECS[0], "cuda:sm_80").source()
