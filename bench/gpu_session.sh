@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine session step (see DEVELOPERS.md's device notes), run from the repo root after
-# `source .devcarry/tvm2/env.sh`. Logs and results go to $OUT (or bench/results/session).
+# One GPU-machine session step, run from the repo root on the device machine (after the tvm1 install call) with
+# `source .devcarry/tvm2/env.sh` first. Logs and results go to $OUT (or bench/results/session).
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh tune MIN [N]   tune every bench case (or CASES), N trials each (default 16; resumes
 #                                            .tune/db), for at most MIN minutes; copy the database out
 #   bash bench/gpu_session.sh bench          ship .tune/db's best records (merged with schedules/), benchmarks (default vs tuned), model bench
