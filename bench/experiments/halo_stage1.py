@@ -1,0 +1,196 @@
+"""Experiment (not part of the product): the 3x3 conv's A operand read from ONE shared halo tile.
+
+Why: the fused kernel is bound by shared memory and L1 (ncu, bench/results/h200_s6_1_ncu_epilogue2.txt):
+each block copies its im2col tile into shared memory once per 3x3 tap, 9 times (147 KB of the 220 KB a
+block writes there at N=32 56x56 64->64->128).
+
+The idea: compute conv1 over the pixels of the zero-padded grid (width W+2, height H+2; the extra
+pixels are junk and are dropped). Then tap (rh, rw) of pixel row m of the implicit GEMM is row
+m + rh*(W+2) + rw of the flattened padded input: one affine shift per tap. So one shared tile of
+m_tile + 2(W+2) + 2 rows (31 KB at m_tile=128, W=56) serves all 9 taps. The ldmatrix A loads read it
+at a tap-dependent row offset. TVM's ldmatrix intrinsic declares offset_factor=16 elements, which a
+row shift of 72 elements (64 channels + 8 padding) breaks. The copy below declares 8: ldmatrix
+itself needs 16-byte row addresses.
+
+This script builds the stage-1 kernel (x -> mid, conv1 + s1/b1/relu) both ways with the same tiles.
+On a GPU it checks the halo kernel's valid pixels against numpy and times both; elsewhere it writes the
+CUDA source and, with --nvcc, compiles it for sm_90.
+    python3 bench/experiments/halo_stage1.py [--case SPEC] [--config CFG] [--nvcc] [--source FILE]
+Found so far (2026-12-03, CPU only): TVM 0.27 schedules, tensorizes and lowers it. The ldmatrix
+address is base + (tap // 3) * 58 rows + (tap % 3) rows + fragment, and the halo rows are plain
+128-bit loads with zero-fill predicates. Still open for a fused kernel: the output store must skip the
+junk pixels (a predicated store from grid rows to y), and the residual read from grid rows. Stride 1 only.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import tvm  # noqa: E402
+from tvm import s_tir, te, tirx  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
+
+from tvm_b2b import FusedConvSpec  # noqa: E402
+from tvm_b2b.kernel import compile_module  # noqa: E402
+from tvm_b2b.lower import POOL_ATTR  # noqa: E402
+from tvm_b2b.op.compute import _guard, _matmul, _placeholders, activation, round_up  # noqa: E402
+from tvm_b2b.op.reference import np_dtype, random_inputs  # noqa: E402
+from tvm_b2b.schedule import cuda_wmma  # noqa: E402
+from tvm_b2b.target import cuda_arch_number, parse_target  # noqa: E402
+
+ROWSHIFT_LDMATRIX = "tvm_b2b_ldmatrix_f16_a_rowshift_dyn"
+
+
+def _ldmatrix_a(offset_factor: int):
+    """TVM's ldmatrix intrinsic for a 16x16 fp16 A fragment in shared.dyn (s_tir.tensor_intrin.cuda's
+    get_ldmatrix_intrin(16, "float16", "A", False, "shared.dyn")), with offset_factor as given."""
+    from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout as index_map
+
+    @T.prim_func(s_tir=True)
+    def desc(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        shared = T.match_buffer(shared_handle, (16, 16), "float16", align=64, offset_factor=offset_factor, scope="shared.dyn")
+        warp = T.match_buffer(warp_handle, (32, 8), "float16", align=64, offset_factor=offset_factor, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:32, 0:8])
+            for ax0, ax1 in T.grid(16, 16):
+                with T.sblock("shared_warp"):
+                    v0, v1 = T.axis.remap("SS", [ax0, ax1])
+                    T.reads(shared[v0, v1])
+                    thread_id, local_id = T.meta_var(index_map(v0, v1))
+                    T.writes(warp[thread_id, local_id])
+                    warp[thread_id, local_id] = shared[v0, v1]
+
+    @T.prim_func(s_tir=True)
+    def impl(warp_handle: T.handle, shared_handle: T.handle) -> None:
+        s0 = T.int32()
+        s1 = T.int32()
+        shared = T.match_buffer(shared_handle, (16, 16), "float16", align=64, offset_factor=offset_factor,
+                                scope="shared.dyn", strides=[s0, s1])
+        warp = T.match_buffer(warp_handle, (32, 8), "float16", align=64, offset_factor=offset_factor, scope="warp")
+        with T.sblock("root"):
+            T.reads(shared[0:16, 0:16])
+            T.writes(warp[0:32, 0:8])
+            for tx in T.thread_binding(0, 32, "threadIdx.x"):
+                T.evaluate(T.ptx_legacy.ldmatrix(False, 4, ".b16", warp.data, warp.elem_offset + 8 * tx,
+                                                 shared.access_ptr("r"), s0 * (tx % 16) + 8 * (tx // 16), dtype="float16"))
+
+    return desc, impl
+
+
+def halo_stage1(spec: FusedConvSpec, m_tile: int):
+    """(x, w1, s1, b1) -> mid over the padded pixel grid, (rows, k1): row n*(H+2)*(W+2) + oh*(W+2) + ow
+    holds pixel (n, oh, ow) for oh < H, ow < W; the other rows are junk."""
+    assert spec.stride == 1, "the halo form needs stride 1 (a tap is then a row shift)"
+    hp, wp, cp = spec.h + 2, spec.w + 2, round_up(spec.c, 64)
+    rows = round_up(spec.n * hp * wp, m_tile)
+    x, w1, s1, b1 = _placeholders(spec, "x", "w1", "s1", "b1")
+
+    def padded(q, c):
+        n, i, j = q // (hp * wp), q // wp % hp, q % wp
+        inside = tirx.all(n < spec.n, i >= 1, i <= spec.h, j >= 1, j <= spec.w, c < spec.c)
+        return _guard(inside, x[n, i - 1, j - 1, c], spec.dtype)
+
+    xflat = te.compute((round_up(rows + 2 * wp + 2, 64), cp), padded, name="xflat")
+    a1 = te.compute((rows, 9 * cp), lambda m, r: xflat[m + r // (3 * cp) * wp + r // cp % 3, r % cp], name="im2col")
+    b1g = te.compute((9 * cp, round_up(spec.k1, 64)), lambda r, k: _guard(
+        tirx.all(r % cp < spec.c, k < spec.k1), w1[r // (3 * cp), r // cp % 3, r % cp, k], spec.dtype), name="w1_gemm")
+    conv1 = _matmul(a1, b1g, rows, b1g.shape[1], 9 * cp, "conv1")
+    mid = te.compute(conv1.shape, lambda m, k: _guard(
+        k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(spec.dtype), spec.dtype), name="mid")
+    return te.create_prim_func([x, w1, s1, b1, mid]).with_attr("global_symbol", "halo_stage1")
+
+
+class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
+    """The template's stage-1 schedule, with the A operand's fragments loaded from the halo tile."""
+
+    def _stage1(self, fused: bool):
+        sch, spec = self.sch, self.spec
+        conv1 = sch.get_sblock("conv1")
+        chunk = sch.get_loops(conv1)[1]
+        g = self._gemm(conv1, self.knob["frags_n1"], self.knob["frags_k"])
+        self.intrin["load_a"] = ROWSHIFT_LDMATRIX
+        self._to_shared(g, 1, 8)  # w1, pipelined as in the template
+        sch.compute_inline(sch.get_sblock("w1_gemm"))
+        self._epilogue(g, sch.get_sblock("mid"), spec.k1, to_global=True)
+        sch.compute_inline(sch.get_sblock("im2col"))  # the A fragments now read xflat at a shifted row
+        halo = sch.get_sblock("xflat")
+        sch.compute_at(halo, chunk, preserve_unit_loops=True)
+        sch.set_scope(halo, 0, "shared.dyn")
+        self._threads(halo, 8)
+        sch.storage_align(halo, 0, axis=-2, factor=64, offset=8)
+        self._tensorize(g)
+
+
+def build_both(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target):
+    """(halo executable, template stage-1 executable)."""
+    tvm.s_tir.TensorIntrin.register(ROWSHIFT_LDMATRIX, *_ldmatrix_a(offset_factor=8), override=True)
+    arch = cuda_arch_number(target)
+    halo = HaloSchedule(s_tir.Schedule(halo_stage1(spec, cfg.m_tile)), spec, cfg, arch).run().mod["main"]
+    template = cuda_wmma.scheduled_funcs(spec, target, False, cfg).funcs[0]
+    return [compile_module(tvm.IRModule({"main": f.with_attr(POOL_ATTR, True)}), target) for f in (halo, template)]
+
+
+def reference_mid(spec: FusedConvSpec, x, w1, s1, b1) -> np.ndarray:
+    """numpy: relu(conv3x3(x, w1) * s1 + b1), (n, h, w, k1), fp32 accumulation."""
+    xp = np.pad(x.astype(np.float32), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    acc = sum(xp[:, rh:rh + spec.h, rw:rw + spec.w, :] @ w1[rh, rw].astype(np.float32) for rh in range(3) for rw in range(3))
+    return np.maximum(acc * s1 + b1, 0.0).astype(np_dtype(spec.dtype))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", default="n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16")
+    parser.add_argument("--config", default="m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
+    parser.add_argument("--nvcc", action="store_true", help="compile the CUDA for sm_90 with the local nvcc")
+    parser.add_argument("--source", help="write the halo kernel's CUDA here")
+    args = parser.parse_args()
+    spec, cfg = FusedConvSpec.parse(args.case), cuda_wmma.WmmaConfig.parse(args.config)
+    gpu = tvm.cuda(0).exist
+    target = parse_target("cuda" if gpu else "cuda:sm_90")
+    halo, template = build_both(spec, cfg, target)
+    source = halo.mod.imports[0].inspect_source()
+    if args.source:
+        open(args.source, "w").write(source)
+    if args.nvcc:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "halo.cu")
+            open(path, "w").write(source)
+            run = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o", path + ".cubin", path],
+                                 capture_output=True, text=True)
+            print("nvcc sm_90:", "OK" if run.returncode == 0 else "FAILED", run.stderr.strip().splitlines()[-1:])
+            if run.returncode:
+                return 1
+    if not gpu:
+        print("no GPU here: built only")
+        return 0
+    dev, arrays = tvm.cuda(0), random_inputs(spec, seed=3)
+    inputs = [tvm.runtime.tensor(np.ascontiguousarray(arrays[k]), dev) for k in ("x", "w1", "s1", "b1")]
+    results = {}
+    for name, exe in (("halo", halo), ("template", template)):
+        module = exe.jit()
+        rows = round_up(spec.n * (spec.h + 2) * (spec.w + 2), cfg.m_tile) if name == "halo" else cuda_wmma.extents(spec)["m"]
+        mid = tvm.runtime.empty((rows, round_up(spec.k1, 64)), spec.dtype, dev)
+        module["main"](*inputs, mid)
+        timer = module.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=20)
+        results[name] = (float(np.median(timer(*inputs, mid).results)) * 1e6, mid.numpy())
+    want = reference_mid(spec, *(arrays[k] for k in ("x", "w1", "s1", "b1")))
+    hp, wp = spec.h + 2, spec.w + 2
+    grid = results["halo"][1][: spec.n * hp * wp].reshape(spec.n, hp, wp, -1)[:, : spec.h, : spec.w, : spec.k1]
+    err = float(np.abs(grid.astype(np.float32) - want.astype(np.float32)).max())
+    ok = np.allclose(grid.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
+    print(f"{spec.to_string()} {cfg.to_string()}")
+    print(f"halo stage 1:     {results['halo'][0]:.1f} us, max abs error {err:.3g} vs numpy: {'OK' if ok else 'WRONG'}")
+    print(f"template stage 1: {results['template'][0]:.1f} us")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
