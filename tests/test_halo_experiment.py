@@ -18,8 +18,6 @@ from tvm_b2b.target import parse_target
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "experiments"))
 import halo_stage1 as halo  # noqa: E402
 
-STAGE1 = ("x", "w1", "s1", "b1")
-
 
 @pytest.mark.parametrize("case", ["n=2,h=9,w=7,c=20,k1=24,k2=8", "n=3,h=5,w=6,c=64,k1=64,k2=8"])
 def test_padded_grid_form_computes_stage1(case):
@@ -30,9 +28,9 @@ def test_padded_grid_form_computes_stage1(case):
     arrays = random_inputs(spec, seed=1)
     hp, wp = spec.h + 2, spec.w + 2
     mid = tvm.runtime.empty((round_up(spec.n * hp * wp, 32), round_up(spec.k1, 64)), "float16")
-    exe["main"](*(tvm.runtime.tensor(np.ascontiguousarray(arrays[k])) for k in STAGE1), mid)
+    exe["main"](*(tvm.runtime.tensor(np.ascontiguousarray(arrays[k])) for k in halo.STAGE1), mid)
     got = mid.numpy()[: spec.n * hp * wp].reshape(spec.n, hp, wp, -1)[:, : spec.h, : spec.w, : spec.k1]
-    want = halo.reference_mid(spec, *(arrays[k] for k in STAGE1))
+    want = halo.reference_mid(spec, *(arrays[k] for k in halo.STAGE1))
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
 
 

@@ -46,6 +46,7 @@ from tvm_b2b.schedule import cuda_wmma  # noqa: E402
 from tvm_b2b.target import cuda_arch_number, parse_target  # noqa: E402
 
 ROWSHIFT_LDMATRIX = "tvm_b2b_ldmatrix_f16_a_rowshift_dyn"
+STAGE1 = ("x", "w1", "s1", "b1")  # the stage-1 kernel's inputs, in order
 
 
 def _ldmatrix_a(offset_factor: int):
@@ -145,6 +146,28 @@ def reference_mid(spec: FusedConvSpec, x, w1, s1, b1) -> np.ndarray:
     return np.maximum(acc * s1 + b1, 0.0).astype(np_dtype(spec.dtype))
 
 
+def nvcc_compiles(source: str) -> bool:
+    """Compiles the CUDA for sm_90 with the local nvcc; prints ptxas's last line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "halo.cu")
+        open(path, "w").write(source)
+        run = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o", path + ".cubin", path],
+                             capture_output=True, text=True)
+    print("nvcc sm_90:", "OK" if run.returncode == 0 else "FAILED", run.stderr.strip().splitlines()[-1:])
+    return run.returncode == 0
+
+
+def run_stage1(exe, rows: int, spec: FusedConvSpec, arrays) -> tuple[float, np.ndarray]:
+    """(median us, mid) of one stage-1 executable on the GPU."""
+    dev = tvm.cuda(0)
+    inputs = [tvm.runtime.tensor(np.ascontiguousarray(arrays[k]), dev) for k in STAGE1]
+    mid = tvm.runtime.empty((rows, round_up(spec.k1, 64)), spec.dtype, dev)
+    module = exe.jit()
+    module["main"](*inputs, mid)
+    timer = module.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=20)
+    return float(np.median(timer(*inputs, mid).results)) * 1e6, mid.numpy()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16")
@@ -154,41 +177,25 @@ def main() -> int:
     args = parser.parse_args()
     spec, cfg = FusedConvSpec.parse(args.case), cuda_wmma.WmmaConfig.parse(args.config)
     gpu = tvm.cuda(0).exist
-    target = parse_target("cuda" if gpu else "cuda:sm_90")
-    halo, template = build_both(spec, cfg, target)
+    halo, template = build_both(spec, cfg, parse_target("cuda" if gpu else "cuda:sm_90"))
     source = halo.mod.imports[0].inspect_source()
     if args.source:
         open(args.source, "w").write(source)
-    if args.nvcc:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "halo.cu")
-            open(path, "w").write(source)
-            run = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o", path + ".cubin", path],
-                                 capture_output=True, text=True)
-            print("nvcc sm_90:", "OK" if run.returncode == 0 else "FAILED", run.stderr.strip().splitlines()[-1:])
-            if run.returncode:
-                return 1
+    if args.nvcc and not nvcc_compiles(source):
+        return 1
     if not gpu:
         print("no GPU here: built only")
         return 0
-    dev, arrays = tvm.cuda(0), random_inputs(spec, seed=3)
-    inputs = [tvm.runtime.tensor(np.ascontiguousarray(arrays[k]), dev) for k in ("x", "w1", "s1", "b1")]
-    results = {}
-    for name, exe in (("halo", halo), ("template", template)):
-        module = exe.jit()
-        rows = round_up(spec.n * (spec.h + 2) * (spec.w + 2), cfg.m_tile) if name == "halo" else cuda_wmma.extents(spec)["m"]
-        mid = tvm.runtime.empty((rows, round_up(spec.k1, 64)), spec.dtype, dev)
-        module["main"](*inputs, mid)
-        timer = module.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=20)
-        results[name] = (float(np.median(timer(*inputs, mid).results)) * 1e6, mid.numpy())
-    want = reference_mid(spec, *(arrays[k] for k in ("x", "w1", "s1", "b1")))
+    arrays = random_inputs(spec, seed=3)
     hp, wp = spec.h + 2, spec.w + 2
-    grid = results["halo"][1][: spec.n * hp * wp].reshape(spec.n, hp, wp, -1)[:, : spec.h, : spec.w, : spec.k1]
-    err = float(np.abs(grid.astype(np.float32) - want.astype(np.float32)).max())
-    ok = np.allclose(grid.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
+    halo_us, grid = run_stage1(halo, round_up(spec.n * hp * wp, cfg.m_tile), spec, arrays)
+    template_us, _ = run_stage1(template, cuda_wmma.extents(spec)["m"], spec, arrays)
+    got = grid[: spec.n * hp * wp].reshape(spec.n, hp, wp, -1)[:, : spec.h, : spec.w, : spec.k1].astype(np.float32)
+    want = reference_mid(spec, *(arrays[k] for k in STAGE1)).astype(np.float32)
+    ok = np.allclose(got, want, rtol=2e-2, atol=2e-2)
     print(f"{spec.to_string()} {cfg.to_string()}")
-    print(f"halo stage 1:     {results['halo'][0]:.1f} us, max abs error {err:.3g} vs numpy: {'OK' if ok else 'WRONG'}")
-    print(f"template stage 1: {results['template'][0]:.1f} us")
+    print(f"halo stage 1:     {halo_us:.1f} us, max abs error {np.abs(got - want).max():.3g} vs numpy: {'OK' if ok else 'WRONG'}")
+    print(f"template stage 1: {template_us:.1f} us")
     return 0 if ok else 1
 
 
