@@ -1,6 +1,7 @@
-"""bench/experiments/halo_stage1.py (an experiment, not the product): its padded-grid form of the 3x3
-conv computes the op's stage 1 exactly (CPU, against numpy), and its halo-tile CUDA schedule builds
-and compiles for sm_90. What it measures is for the GPU machine (`bash bench/gpu_session.sh halo`)."""
+"""bench/experiments/halo_tile.py (an experiment, not the product): its padded-grid form of the op
+(stage 1 alone, and the whole op with its predicated store of the real pixels) computes what numpy does
+(CPU), and its halo-tile CUDA schedules build and compile for sm_90. What they measure is for the GPU
+machine (`bash bench/gpu_session.sh halo`)."""
 import os
 import sys
 
@@ -11,12 +12,13 @@ import tvm
 from cuda_source import nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec
 from tvm_b2b.op.compute import round_up
-from tvm_b2b.op.reference import random_inputs
+from tvm_b2b.kernel import device_arguments
+from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig
 from tvm_b2b.target import parse_target
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "experiments"))
-import halo_stage1 as halo  # noqa: E402
+import halo_tile as halo  # noqa: E402
 
 
 @pytest.mark.parametrize("case", ["n=2,h=9,w=7,c=20,k1=24,k2=8", "n=3,h=5,w=6,c=64,k1=64,k2=8"])
@@ -43,5 +45,36 @@ def test_halo_schedule_reads_every_tap_from_one_tile(tmp_path):
     source = built.mod.imports[0].inspect_source()
     assert "* 4176)" in source and "% 3) * 72)" in source  # 58 rows x 72, then 1 row x 72
     assert source.count("ptx_cp_async_legacy_cg_16_2_2(b2b_shared_pool_ptr") == 2  # w1: prologue and loop
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(source, "sm_90", tmp_path)
+
+
+@pytest.mark.parametrize("case", ["n=2,h=9,w=7,c=20,k1=24,k2=40,residual=1", "n=3,h=5,w=6,c=64,k1=64,k2=72,act2=relu6"])
+def test_padded_grid_form_computes_the_op(case):
+    """The whole op over the padded grid: every real pixel of y written (it starts as NaN) and within
+    the op's tolerance of numpy (a junk row that stored would overwrite a real pixel's row)."""
+    spec = FusedConvSpec.parse(case + ",dtype=float16")
+    exe = tvm.compile(tvm.IRModule({"main": halo.halo_fused(spec, 32)}), target="llvm")
+    arrays = random_inputs(spec, seed=2)
+    tensors, out = device_arguments(spec, arrays, tvm.cpu(0))
+    out.copyfrom(np.full((spec.m, spec.k2), np.nan, dtype="float16"))
+    exe["main"](*tensors.values(), out)
+    err, ok = compare(spec, out.numpy().reshape(spec.out_shape), reference(spec, **arrays))
+    assert ok, err
+
+
+def test_fused_halo_kernel_stores_only_real_pixels(tmp_path):
+    """The fused halo kernel (epilogue=0) builds; it stores grid row q to y's row of its real pixel
+    (58 grid rows per image row, 3364 per image at 56x56) where q is one (oh < 56, ow < 56); epilogue=2
+    is refused (its staged store would copy an over-estimated region of y)."""
+    spec = FusedConvSpec.parse("n=2,h=56,w=56,c=64,k1=64,k2=128,residual=1,dtype=float16")
+    target = parse_target("cuda:sm_90")
+    built, _ = halo.build_both(spec, WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1"), target, fused=True)
+    source = built.mod.imports[0].inspect_source()
+    stores = [line for line in source.splitlines() if "(y_ptr + " in line and "=" in line]
+    assert stores and all("/ 3364) * 401408)" in line and "% 58) * 128)" in line for line in stores)
+    assert "% 3364) < 3248)" in source and "% 58) < 56)" in source  # the predicate: oh < 56 and ow < 56
+    with pytest.raises(ValueError, match="epilogue 0 or 1"):
+        halo.build_both(spec, WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"), target, fused=True)
     if "sm_90" in nvcc_arches():
         nvcc_compile(source, "sm_90", tmp_path)

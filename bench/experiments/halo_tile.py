@@ -12,14 +12,19 @@ at a tap-dependent row offset. TVM's ldmatrix intrinsic declares offset_factor=1
 row shift of 72 elements (64 channels + 8 padding) breaks. The copy below declares 8: ldmatrix
 itself needs 16-byte row addresses.
 
-This script builds the stage-1 kernel (x -> mid, conv1 + s1/b1/relu) both ways with the same tiles.
-On a GPU it checks the halo kernel's valid pixels against numpy and times both; elsewhere it writes the
-CUDA source and, with --nvcc, compiles it for sm_90.
-    python3 bench/experiments/halo_stage1.py [--case SPEC] [--config CFG] [--nvcc] [--source FILE]
-Found so far (2026-12-03, CPU only): TVM 0.27 schedules, tensorizes and lowers it. The ldmatrix
+This script builds the stage-1 kernel (x -> mid, conv1 + s1/b1/relu), or with --fused the whole op,
+both ways with the same tiles. On a GPU it checks the halo kernel against numpy and times both;
+elsewhere it writes the CUDA source and, with --nvcc, compiles it for sm_90.
+    python3 bench/experiments/halo_tile.py [--fused] [--case SPEC] [--config CFG] [--nvcc] [--source FILE]
+The whole op computes every grid row and stores only the real pixels, each to its row of y (a
+predicated store at a non-affine row: a TIR rewrite of the last block, since TE cannot write it); the
+residual is read at the real pixel. Only epilogue 0 or 1 there: epilogue=2's staged output tile is a
+cache_write of y, whose region from grid rows TVM over-estimates (it would need a store block of its
+own). Stride 1 only; about 7% of the work at 56x56 is junk pixels.
+Found so far (2026-12-03, CPU only): TVM 0.27 schedules, tensorizes and lowers both. The ldmatrix
 address is base + (tap // 3) * 58 rows + (tap % 3) rows + fragment, and the halo rows are plain
-128-bit loads with zero-fill predicates. Still open for a fused kernel: the output store must skip the
-junk pixels (a predicated store from grid rows to y), and the residual read from grid rows. Stride 1 only.
+128-bit loads with zero-fill predicates. tests/test_halo_experiment.py checks the TE forms against
+numpy on the CPU and the CUDA they build.
 """
 from __future__ import annotations
 
@@ -34,14 +39,15 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
 from tvm import s_tir, te, tirx  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_b2b import FusedConvSpec  # noqa: E402
-from tvm_b2b.kernel import compile_module  # noqa: E402
 from tvm_b2b.lower import POOL_ATTR  # noqa: E402
 from tvm_b2b.op.compute import _guard, _matmul, _placeholders, activation, round_up  # noqa: E402
-from tvm_b2b.op.reference import np_dtype, random_inputs  # noqa: E402
+from tvm_b2b.kernel import compile_module, device_arguments  # noqa: E402
+from tvm_b2b.op.reference import compare, np_dtype, random_inputs, reference  # noqa: E402
 from tvm_b2b.schedule import cuda_wmma  # noqa: E402
 from tvm_b2b.target import cuda_arch_number, parse_target  # noqa: E402
 
@@ -86,13 +92,18 @@ def _ldmatrix_a(offset_factor: int):
     return desc, impl
 
 
-def halo_stage1(spec: FusedConvSpec, m_tile: int):
-    """(x, w1, s1, b1) -> mid over the padded pixel grid, (rows, k1): row n*(H+2)*(W+2) + oh*(W+2) + ow
+def _grid(spec: FusedConvSpec) -> tuple[int, int]:
+    """(H+2, W+2): the zero-padded pixel grid's height and width."""
+    return spec.h + 2, spec.w + 2
+
+
+def _stage1_tensors(spec: FusedConvSpec, m_tile: int):
+    """((x, w1, s1, b1), mid): mid over the padded pixel grid, (rows, k1); row n*(H+2)*(W+2) + oh*(W+2) + ow
     holds pixel (n, oh, ow) for oh < H, ow < W; the other rows are junk."""
     assert spec.stride == 1, "the halo form needs stride 1 (a tap is then a row shift)"
-    hp, wp, cp = spec.h + 2, spec.w + 2, round_up(spec.c, 64)
+    (hp, wp), cp = _grid(spec), round_up(spec.c, 64)
     rows = round_up(spec.n * hp * wp, m_tile)
-    x, w1, s1, b1 = _placeholders(spec, "x", "w1", "s1", "b1")
+    x, w1, s1, b1 = inputs = _placeholders(spec, "x", "w1", "s1", "b1")
 
     def padded(q, c):
         n, i, j = q // (hp * wp), q // wp % hp, q % wp
@@ -106,7 +117,68 @@ def halo_stage1(spec: FusedConvSpec, m_tile: int):
     conv1 = _matmul(a1, b1g, rows, b1g.shape[1], 9 * cp, "conv1")
     mid = te.compute(conv1.shape, lambda m, k: _guard(
         k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(spec.dtype), spec.dtype), name="mid")
-    return te.create_prim_func([x, w1, s1, b1, mid]).with_attr("global_symbol", "halo_stage1")
+    return inputs, mid
+
+
+def halo_stage1(spec: FusedConvSpec, m_tile: int):
+    """(x, w1, s1, b1) -> mid over the padded pixel grid (see _stage1_tensors)."""
+    inputs, mid = _stage1_tensors(spec, m_tile)
+    return te.create_prim_func([*inputs, mid]).with_attr("global_symbol", "halo_stage1")
+
+
+def halo_fused(spec: FusedConvSpec, m_tile: int):
+    """The whole op over the padded pixel grid, (x, w1, s1, b1, w2, s2, b2, [residual], y): y (m, k2) as
+    the product's kernels take it. The last block computes every grid row and stores only the real
+    pixels, each to its row of y (a predicated store at a non-affine row, which TE cannot write:
+    see _store_real_pixels)."""
+    inputs1, mid = _stage1_tensors(spec, m_tile)
+    rows, k2 = mid.shape[0], round_up(spec.k2, 64)
+    w2, s2, b2 = inputs2 = _placeholders(spec, "w2", "s2", "b2")
+    b2g = te.compute((mid.shape[1], k2), lambda r, k: _guard(tirx.all(r < spec.k1, k < spec.k2), w2[r, k], spec.dtype),
+                     name="w2_gemm")
+    conv2 = _matmul(mid, b2g, rows, k2, mid.shape[1], "conv2")
+    out_pad = te.compute((rows, k2), lambda m, k: _guard(k < spec.k2, conv2[m, k] * s2[k] + b2[k], "float32"), name="out_pad")
+    extra = _placeholders(spec, "residual") if spec.residual else []
+
+    def value(m, k):
+        v = out_pad[m, k]
+        if extra:  # junk rows read some row in bounds
+            v = v + extra[0][tirx.min(_real_pixel(spec, m), spec.m - 1), k].astype("float32")
+        return activation(v, spec.act2).astype(spec.dtype)
+
+    out = te.compute((rows, spec.k2), value, name="out")
+    func = te.create_prim_func([*inputs1, *inputs2, *extra, out]).with_attr("global_symbol", "halo_fused")
+    return _store_real_pixels(func, spec)
+
+
+def _real_pixel(spec: FusedConvSpec, m):
+    """The row of y (n, oh, ow) for grid row m."""
+    hp, wp = _grid(spec)
+    return (m // (hp * wp) * spec.h + m % (hp * wp) // wp) * spec.w + m % wp
+
+
+def _is_real_pixel(spec: FusedConvSpec, m):
+    hp, wp = _grid(spec)
+    return tirx.all(m < spec.n * hp * wp, m % (hp * wp) // wp < spec.h, m % wp < spec.w)
+
+
+def _store_real_pixels(func, spec: FusedConvSpec):
+    """func with its last parameter (grid rows, k2) replaced by y (m, k2): the block "out" stores grid
+    row m to row _real_pixel(m) of y, only where _is_real_pixel(m)."""
+    y = tirx.decl_buffer((spec.m, spec.k2), spec.dtype, "y")
+
+    def block(node):
+        if node.name_hint != "out":
+            return node
+        vm, vk = node.body.indices
+        row = _real_pixel(spec, vm)
+        body = tirx.IfThenElse(_is_real_pixel(spec, vm), tirx.BufferStore(y, node.body.value, [row, vk]), None)
+        writes = [tirx.BufferRegion(y, [tvm.ir.Range.from_min_extent(row, 1), tvm.ir.Range.from_min_extent(vk, 1)])]
+        return s_tir.SBlock(node.iter_vars, node.reads, writes, node.name_hint, body, node.init, node.alloc_buffers,
+                            node.match_buffers, node.annotations)
+
+    body = tvm_ffi.structural_map(func.body, [(s_tir.SBlock, block)])
+    return tirx.PrimFunc([*func.params[:-1], y], body, attrs=func.attrs)
 
 
 class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
@@ -115,27 +187,36 @@ class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
     def _stage1(self, fused: bool):
         sch, spec = self.sch, self.spec
         conv1 = sch.get_sblock("conv1")
-        chunk = sch.get_loops(conv1)[1]
+        anchor = sch.get_loops(conv1)[1 if not fused else 0]  # the block: its channel chunk, or its pixel tile
         g = self._gemm(conv1, self.knob["frags_n1"], self.knob["frags_k"])
         self.intrin["load_a"] = ROWSHIFT_LDMATRIX
         self._to_shared(g, 1, 8)  # w1, pipelined as in the template
         sch.compute_inline(sch.get_sblock("w1_gemm"))
-        self._epilogue(g, sch.get_sblock("mid"), spec.k1, to_global=True)
+        mid = sch.get_sblock("mid")
+        self._epilogue(g, mid, spec.k1, to_global=not fused)
+        if fused:  # as the template: mid stays in shared memory for conv2
+            sch.set_scope(mid, 0, "shared.dyn")
+            sch.storage_align(mid, 0, axis=-2, factor=64, offset=8)
         sch.compute_inline(sch.get_sblock("im2col"))  # the A fragments now read xflat at a shifted row
         halo = sch.get_sblock("xflat")
-        sch.compute_at(halo, chunk, preserve_unit_loops=True)
+        sch.compute_at(halo, anchor, preserve_unit_loops=True)
         sch.set_scope(halo, 0, "shared.dyn")
         self._threads(halo, 8)
         sch.storage_align(halo, 0, axis=-2, factor=64, offset=8)
         self._tensorize(g)
 
 
-def build_both(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target):
-    """(halo executable, template stage-1 executable)."""
+def build_both(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bool = False):
+    """(halo executable, template executable) with the same tiles: stage 1 alone, or the whole op."""
+    if fused and cfg.epilogue == 2:
+        # its fp16 output tile is a cache_write of y, whose region from grid rows TVM can only over-estimate
+        # (the generated store copies that whole region: wrong); a staged tile needs its own store block
+        raise ValueError("config: the fused halo form takes epilogue 0 or 1, not 2")
     tvm.s_tir.TensorIntrin.register(ROWSHIFT_LDMATRIX, *_ldmatrix_a(offset_factor=8), override=True)
     arch = cuda_arch_number(target)
-    halo = HaloSchedule(s_tir.Schedule(halo_stage1(spec, cfg.m_tile)), spec, cfg, arch).run().mod["main"]
-    template = cuda_wmma.scheduled_funcs(spec, target, False, cfg).funcs[0]
+    func = halo_fused(spec, cfg.m_tile) if fused else halo_stage1(spec, cfg.m_tile)
+    halo = HaloSchedule(s_tir.Schedule(func), spec, cfg, arch).run().mod["main"]
+    template = cuda_wmma.scheduled_funcs(spec, target, fused, cfg).funcs[0]
     return [compile_module(tvm.IRModule({"main": f.with_attr(POOL_ATTR, True)}), target) for f in (halo, template)]
 
 
@@ -168,16 +249,52 @@ def run_stage1(exe, rows: int, spec: FusedConvSpec, arrays) -> tuple[float, np.n
     return float(np.median(timer(*inputs, mid).results)) * 1e6, mid.numpy()
 
 
+def run_fused(exe, spec: FusedConvSpec, arrays) -> tuple[float, np.ndarray]:
+    """(median us, y as NHWC) of one fused executable on the GPU; y starts as NaN, so unwritten pixels show."""
+    dev = tvm.cuda(0)
+    tensors, out = device_arguments(spec, arrays, dev)
+    out.copyfrom(np.full((spec.m, spec.k2), np.nan, dtype=np_dtype(spec.dtype)))
+    module = exe.jit()
+    module["main"](*tensors.values(), out)
+    y = out.numpy().reshape(spec.out_shape)
+    timer = module.time_evaluator("main", dev, number=20, repeat=5, min_repeat_ms=20)
+    return float(np.median(timer(*tensors.values(), out).results)) * 1e6, y
+
+
+def check_stage1(spec: FusedConvSpec, cfg, halo, template, arrays) -> bool:
+    hp, wp = _grid(spec)
+    halo_us, grid = run_stage1(halo, round_up(spec.n * hp * wp, cfg.m_tile), spec, arrays)
+    template_us, _ = run_stage1(template, cuda_wmma.extents(spec)["m"], spec, arrays)
+    got = grid[: spec.n * hp * wp].reshape(spec.n, hp, wp, -1)[:, : spec.h, : spec.w, : spec.k1].astype(np.float32)
+    want = reference_mid(spec, *(arrays[k] for k in STAGE1)).astype(np.float32)
+    ok = bool(np.allclose(got, want, rtol=2e-2, atol=2e-2))
+    print(f"halo stage 1:     {halo_us:.1f} us, max abs error {np.abs(got - want).max():.3g} vs numpy: {'OK' if ok else 'WRONG'}")
+    print(f"template stage 1: {template_us:.1f} us")
+    return ok
+
+
+def check_fused(spec: FusedConvSpec, halo, template, arrays) -> bool:
+    want = reference(spec, **arrays)
+    ok = True
+    for name, exe in (("halo fused", halo), ("template fused", template)):
+        us, got = run_fused(exe, spec, arrays)
+        err, good = compare(spec, got, want)
+        ok = ok and good
+        print(f"{name + ':':16s}{us:.1f} us, max abs error {err:.3g} vs numpy: {'OK' if good else 'WRONG'}")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16")
     parser.add_argument("--config", default="m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
+    parser.add_argument("--fused", action="store_true", help="the whole op (epilogue 0 or 1), not stage 1 alone")
     parser.add_argument("--nvcc", action="store_true", help="compile the CUDA for sm_90 with the local nvcc")
     parser.add_argument("--source", help="write the halo kernel's CUDA here")
     args = parser.parse_args()
     spec, cfg = FusedConvSpec.parse(args.case), cuda_wmma.WmmaConfig.parse(args.config)
     gpu = tvm.cuda(0).exist
-    halo, template = build_both(spec, cfg, parse_target("cuda" if gpu else "cuda:sm_90"))
+    halo, template = build_both(spec, cfg, parse_target("cuda" if gpu else "cuda:sm_90"), args.fused)
     source = halo.mod.imports[0].inspect_source()
     if args.source:
         open(args.source, "w").write(source)
@@ -186,16 +303,12 @@ def main() -> int:
     if not gpu:
         print("no GPU here: built only")
         return 0
-    arrays = random_inputs(spec, seed=3)
-    hp, wp = spec.h + 2, spec.w + 2
-    halo_us, grid = run_stage1(halo, round_up(spec.n * hp * wp, cfg.m_tile), spec, arrays)
-    template_us, _ = run_stage1(template, cuda_wmma.extents(spec)["m"], spec, arrays)
-    got = grid[: spec.n * hp * wp].reshape(spec.n, hp, wp, -1)[:, : spec.h, : spec.w, : spec.k1].astype(np.float32)
-    want = reference_mid(spec, *(arrays[k] for k in STAGE1)).astype(np.float32)
-    ok = np.allclose(got, want, rtol=2e-2, atol=2e-2)
     print(f"{spec.to_string()} {cfg.to_string()}")
-    print(f"halo stage 1:     {halo_us:.1f} us, max abs error {np.abs(got - want).max():.3g} vs numpy: {'OK' if ok else 'WRONG'}")
-    print(f"template stage 1: {template_us:.1f} us")
+    arrays = random_inputs(spec, seed=3)
+    if args.fused:
+        ok = check_fused(spec, halo, template, arrays)
+    else:
+        ok = check_stage1(spec, cfg, halo, template, arrays)
     return 0 if ok else 1
 
 
