@@ -182,7 +182,7 @@ def _store_real_pixels(func, spec: FusedConvSpec):
 
 
 class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
-    """The template's stage-1 schedule, with the A operand's fragments loaded from the halo tile."""
+    """The template's schedule (stage 1, or the whole op), with conv1's A fragments loaded from the halo tile."""
 
     def _stage1(self, fused: bool):
         sch, spec = self.sch, self.spec
