@@ -18,9 +18,9 @@ elsewhere it writes the CUDA source and, with --nvcc, compiles it for sm_90.
     python3 bench/experiments/halo_tile.py [--fused] [--case SPEC] [--config CFG] [--nvcc] [--source FILE]
 The whole op computes every grid row and stores only the real pixels, each to its row of y (a
 predicated store at a non-affine row: a TIR rewrite of the last block, since TE cannot write it); the
-residual is read at the real pixel. Only epilogue 0 or 1 there: epilogue=2's staged output tile is a
-cache_write of y, whose region from grid rows TVM over-estimates (it would need a store block of its
-own). Stride 1 only; about 7% of the work at 56x56 is junk pixels.
+residual is read at the real pixel (no residual tile). With epilogue=2 the output tile in shared
+memory has a store block of its own (a cache_write of y would over-estimate the region of y that a
+tile of grid rows covers). Stride 1 only; about 7% of the work at 56x56 is junk pixels.
 Found so far (2026-12-03, CPU only): TVM 0.27 schedules, tensorizes and lowers both. The ldmatrix
 address is base + (tap // 3) * 58 rows + (tap % 3) rows + fragment, and the halo rows are plain
 128-bit loads with zero-fill predicates. tests/test_halo_experiment.py checks the TE forms against
@@ -128,9 +128,10 @@ def halo_stage1(spec: FusedConvSpec, m_tile: int):
 
 def halo_fused(spec: FusedConvSpec, m_tile: int):
     """The whole op over the padded pixel grid, (x, w1, s1, b1, w2, s2, b2, [residual], y): y (m, k2) as
-    the product's kernels take it. The last block computes every grid row and stores only the real
-    pixels, each to its row of y (a predicated store at a non-affine row, which TE cannot write:
-    see _store_real_pixels)."""
+    the product's kernels take it. The block "out" computes every grid row; "y_store" stores only the
+    real pixels, each to its row of y (a predicated store at a non-affine row, which TE cannot write:
+    see _store_real_pixels). With epilogue=2 "out" is the shared fp16 tile and "y_store" its 128-bit
+    store; otherwise "out" is inlined into "y_store"."""
     inputs1, mid = _stage1_tensors(spec, m_tile)
     rows, k2 = mid.shape[0], round_up(spec.k2, 64)
     w2, s2, b2 = inputs2 = _placeholders(spec, "w2", "s2", "b2")
@@ -147,7 +148,8 @@ def halo_fused(spec: FusedConvSpec, m_tile: int):
         return activation(v, spec.act2).astype(spec.dtype)
 
     out = te.compute((rows, spec.k2), value, name="out")
-    func = te.create_prim_func([*inputs1, *inputs2, *extra, out]).with_attr("global_symbol", "halo_fused")
+    y_store = te.compute(out.shape, lambda m, k: out[m, k], name="y_store")  # becomes the store of the real pixels
+    func = te.create_prim_func([*inputs1, *inputs2, *extra, y_store]).with_attr("global_symbol", "halo_fused")
     return _store_real_pixels(func, spec)
 
 
@@ -163,12 +165,12 @@ def _is_real_pixel(spec: FusedConvSpec, m):
 
 
 def _store_real_pixels(func, spec: FusedConvSpec):
-    """func with its last parameter (grid rows, k2) replaced by y (m, k2): the block "out" stores grid
+    """func with its last parameter (grid rows, k2) replaced by y (m, k2): the block "y_store" stores grid
     row m to row _real_pixel(m) of y, only where _is_real_pixel(m)."""
     y = tirx.decl_buffer((spec.m, spec.k2), spec.dtype, "y")
 
     def block(node):
-        if node.name_hint != "out":
+        if node.name_hint != "y_store":
             return node
         vm, vk = node.body.indices
         row = _real_pixel(spec, vm)
@@ -206,12 +208,32 @@ class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
         self._tensorize(g)
 
 
+    def _stage2(self, fused: bool):
+        """The template's conv2, with its epilogue split in two: "out" (in registers, or into a shared fp16
+        tile with epilogue=2) and "y_store", which stores the real pixels (a cache_write of y would
+        over-estimate the region of y a tile of grid rows covers). No residual tile: the residual's rows
+        are the real pixels' (read where "out" is computed)."""
+        sch, spec = self.sch, self.spec
+        g = self._gemm(sch.get_sblock("conv2"), self.knob["frags_n2"], cuda_wmma.CONV2_K_FRAGS)
+        self._to_shared(g, 1, 8)
+        sch.compute_inline(sch.get_sblock("w2_gemm"))
+        sch.compute_inline(sch.get_sblock("out_pad"))
+        out, store = sch.get_sblock("out"), sch.get_sblock("y_store")
+        if self.stage_output:
+            sch.set_scope(out, 0, "shared.dyn")
+            self._fragments(g, out)
+            sch.reverse_compute_at(store, g.chunk, preserve_unit_loops=True)
+            sch.storage_align(out, 0, axis=-2, factor=64, offset=8)
+            self._threads(store, 8)
+        else:
+            sch.compute_inline(out)
+            self.stage_output = False
+            self._epilogue(g, store, spec.k2, to_global=True)
+        self._tensorize(g)
+
+
 def build_both(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bool = False):
     """(halo executable, template executable) with the same tiles: stage 1 alone, or the whole op."""
-    if fused and cfg.epilogue == 2:
-        # its fp16 output tile is a cache_write of y, whose region from grid rows TVM can only over-estimate
-        # (the generated store copies that whole region: wrong); a staged tile needs its own store block
-        raise ValueError("config: the fused halo form takes epilogue 0 or 1, not 2")
     tvm.s_tir.TensorIntrin.register(ROWSHIFT_LDMATRIX, *_ldmatrix_a(offset_factor=8), override=True)
     arch = cuda_arch_number(target)
     func = halo_fused(spec, cfg.m_tile) if fused else halo_stage1(spec, cfg.m_tile)
@@ -288,7 +310,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", default="n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16")
     parser.add_argument("--config", default="m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
-    parser.add_argument("--fused", action="store_true", help="the whole op (epilogue 0 or 1), not stage 1 alone")
+    parser.add_argument("--fused", action="store_true", help="the whole op, not stage 1 alone")
     parser.add_argument("--nvcc", action="store_true", help="compile the CUDA for sm_90 with the local nvcc")
     parser.add_argument("--source", help="write the halo kernel's CUDA here")
     args = parser.parse_args()
