@@ -71,16 +71,17 @@ case "$1" in
     bash "$0" compare "$T,epilogue=2" "$W,epilogue=2" "$S" "$S,epilogue=2" "$B,epilogue=2" "$T,epilogue=2,pipeline=2"
     bash "$0" ncu "$T,epilogue=2"
     ;;
-  halo)  # the halo-tile experiment, checked against numpy, each against the template with the same tiles: stage 1
-         # (x -> mid) at N=32 56x56, then the whole op at N=32 56x56 64->64->128 and 64->64->256 +r; epilogues 2 and 0 (~8 min)
-    E="m_tile=128,k_tile=64,pipeline=1,mma=1"
-    for cfg in "$E,epilogue=2" "$E,epilogue=0"; do
-      timeout 120 python3 bench/experiments/halo_tile.py --case "n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16" \
-        --config "$cfg" 2>&1 | tail -3 | tee -a "$out/halo_stage1.txt"
-      for case in "k2=128" "k2=256,residual=1"; do
-        timeout 130 python3 bench/experiments/halo_tile.py --fused --case "n=32,h=56,w=56,c=64,k1=64,$case,dtype=float16" \
-          --config "$cfg" 2>&1 | tail -3 | tee -a "$out/halo_fused.txt"
-      done
+  halo)  # the halo-tile experiment, checked against numpy, each against the template with the same tiles (~8 min): stage 1
+         # (x -> mid), then the whole op at N=32 56x56 64->64->128 and 64->64->256 +r: 128-pixel tiles with epilogue 2 (and 0
+         # for 64->64->128), 64-pixel tiles with epilogue 2 (their smaller halo tile may keep 3 blocks per SM)
+    E="k_tile=64,pipeline=1,mma=1"
+    timeout 120 python3 bench/experiments/halo_tile.py --case "n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16" \
+      --config "m_tile=128,$E,epilogue=2" 2>&1 | tail -3 | tee -a "$out/halo_stage1.txt"
+    for run in "k2=128 m_tile=128,$E,epilogue=2" "k2=256,residual=1 m_tile=128,$E,epilogue=2" "k2=128 m_tile=128,$E,epilogue=0" \
+               "k2=128 m_tile=64,$E,epilogue=2" "k2=256,residual=1 m_tile=64,$E,epilogue=2"; do
+      set -- $run
+      timeout 130 python3 bench/experiments/halo_tile.py --fused --case "n=32,h=56,w=56,c=64,k1=64,$1,dtype=float16" \
+        --config "$2" 2>&1 | tail -3 | tee -a "$out/halo_fused.txt"
     done
     ;;
   ncu)
