@@ -47,7 +47,7 @@ from tvm_b2b import FusedConvSpec  # noqa: E402
 from tvm_b2b.lower import POOL_ATTR  # noqa: E402
 from tvm_b2b.op.compute import _guard, _matmul, _placeholders, activation, round_up  # noqa: E402
 from tvm_b2b.kernel import compile_module, device_arguments  # noqa: E402
-from tvm_b2b.op.reference import compare, np_dtype, random_inputs, reference  # noqa: E402
+from tvm_b2b.op.reference import _act, compare, np_dtype, random_inputs, reference  # noqa: E402
 from tvm_b2b.schedule import cuda_wmma  # noqa: E402
 from tvm_b2b.target import cuda_arch_number, parse_target  # noqa: E402
 
@@ -207,7 +207,6 @@ class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
         sch.storage_align(halo, 0, axis=-2, factor=64, offset=8)
         self._tensorize(g)
 
-
     def _stage2(self, fused: bool):
         """The template's conv2, with its epilogue split in two: "out" (in registers, or into a shared fp16
         tile with epilogue=2) and "y_store", which stores the real pixels (a cache_write of y would
@@ -227,7 +226,6 @@ class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
             self._threads(store, 8)
         else:
             sch.compute_inline(out)
-            self.stage_output = False
             self._epilogue(g, store, spec.k2, to_global=True)
         self._tensorize(g)
 
@@ -243,10 +241,10 @@ def build_both(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bo
 
 
 def reference_mid(spec: FusedConvSpec, x, w1, s1, b1) -> np.ndarray:
-    """numpy: relu(conv3x3(x, w1) * s1 + b1), (n, h, w, k1), fp32 accumulation."""
+    """numpy: act1(conv3x3(x, w1) * s1 + b1), (n, h, w, k1), fp32 accumulation."""
     xp = np.pad(x.astype(np.float32), ((0, 0), (1, 1), (1, 1), (0, 0)))
     acc = sum(xp[:, rh:rh + spec.h, rw:rw + spec.w, :] @ w1[rh, rw].astype(np.float32) for rh in range(3) for rw in range(3))
-    return np.maximum(acc * s1 + b1, 0.0).astype(np_dtype(spec.dtype))
+    return _act(acc * s1 + b1, spec.act1).astype(np_dtype(spec.dtype))
 
 
 def nvcc_compiles(source: str) -> bool:
