@@ -41,7 +41,7 @@ def test_halo_schedule_reads_every_tap_from_one_tile(tmp_path):
     of (tap // 3) * 58 + tap % 3 rows (W+2 = 58, 72-element rows)."""
     spec = FusedConvSpec.parse("n=2,h=56,w=56,c=64,k1=64,k2=128,dtype=float16")
     cfg = WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
-    built, _ = halo.build_both(spec, cfg, parse_target("cuda:sm_90"))
+    built = halo.build_halo(spec, cfg, parse_target("cuda:sm_90"))
     source = built.mod.imports[0].inspect_source()
     assert "* 4176)" in source and "% 3) * 72)" in source  # 58 rows x 72, then 1 row x 72
     assert source.count("ptx_cp_async_legacy_cg_16_2_2(b2b_shared_pool_ptr") == 2  # w1: prologue and loop
@@ -71,7 +71,7 @@ def test_fused_halo_kernel_stores_only_real_pixels(epilogue, store, tmp_path):
     over-estimated region of y), epilogue=0 from the staged accumulators."""
     spec = FusedConvSpec.parse("n=2,h=56,w=56,c=64,k1=64,k2=128,residual=1,dtype=float16")
     cfg = WmmaConfig.parse(f"m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue={epilogue}")
-    built, _ = halo.build_both(spec, cfg, parse_target("cuda:sm_90"), fused=True)
+    built = halo.build_halo(spec, cfg, parse_target("cuda:sm_90"), fused=True)
     source = built.mod.imports[0].inspect_source()
     stores = [line for line in source.splitlines() if "(y_ptr + " in line and "=" in line]
     assert stores and all(store in line and "/ 3364) * 401408)" in line and "% 58) * 128)" in line for line in stores)

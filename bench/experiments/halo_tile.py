@@ -230,14 +230,21 @@ class HaloSchedule(cuda_wmma.WmmaFusedSchedule):
         self._tensorize(g)
 
 
-def build_both(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bool = False):
-    """(halo executable, template executable) with the same tiles: stage 1 alone, or the whole op."""
+def build_halo(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bool = False):
+    """The halo kernel's executable: stage 1 alone, or the whole op."""
     tvm.s_tir.TensorIntrin.register(ROWSHIFT_LDMATRIX, *_ldmatrix_a(offset_factor=8), override=True)
-    arch = cuda_arch_number(target)
     func = halo_fused(spec, cfg.m_tile) if fused else halo_stage1(spec, cfg.m_tile)
-    halo = HaloSchedule(s_tir.Schedule(func), spec, cfg, arch).run().mod["main"]
-    template = cuda_wmma.scheduled_funcs(spec, target, fused, cfg).funcs[0]
-    return [compile_module(tvm.IRModule({"main": f.with_attr(POOL_ATTR, True)}), target) for f in (halo, template)]
+    halo = HaloSchedule(s_tir.Schedule(func), spec, cfg, cuda_arch_number(target)).run().mod["main"]
+    return _compile(halo, target)
+
+
+def build_template(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bool = False):
+    """The product template's executable with the same tiles (what the halo kernel is timed against)."""
+    return _compile(cuda_wmma.scheduled_funcs(spec, target, fused, cfg).funcs[0], target)
+
+
+def _compile(func, target):
+    return compile_module(tvm.IRModule({"main": func.with_attr(POOL_ATTR, True)}), target)
 
 
 def reference_mid(spec: FusedConvSpec, x, w1, s1, b1) -> np.ndarray:
@@ -314,7 +321,8 @@ def main() -> int:
     args = parser.parse_args()
     spec, cfg = FusedConvSpec.parse(args.case), cuda_wmma.WmmaConfig.parse(args.config)
     gpu = tvm.cuda(0).exist
-    halo, template = build_both(spec, cfg, parse_target("cuda" if gpu else "cuda:sm_90"), args.fused)
+    target = parse_target("cuda" if gpu else "cuda:sm_90")
+    halo = build_halo(spec, cfg, target, args.fused)
     source = halo.mod.imports[0].inspect_source()
     if args.source:
         open(args.source, "w").write(source)
@@ -325,6 +333,7 @@ def main() -> int:
         return 0
     print(f"{spec.to_string()} {cfg.to_string()}")
     arrays = random_inputs(spec, seed=3)
+    template = build_template(spec, cfg, target, args.fused)
     if args.fused:
         ok = check_fused(spec, halo, template, arrays)
     else:
