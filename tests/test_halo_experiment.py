@@ -44,7 +44,7 @@ def test_halo_schedule_reads_every_tap_from_one_tile(tmp_path):
     built = halo.build_halo(spec, cfg, parse_target("cuda:sm_90"))
     source = built.mod.imports[0].inspect_source()
     assert "* 4176)" in source and "% 3) * 72)" in source  # 58 rows x 72, then 1 row x 72
-    assert source.count("ptx_cp_async_legacy_cg_16_2_2(b2b_shared_pool_ptr") == 2  # w1: prologue and loop
+    assert source.count("ptx_cp_async_legacy_cg_16_2_2(b2b_shared_pool_float16_ptr") == 2  # w1: prologue and loop
     if "sm_90" in nvcc_arches():
         nvcc_compile(source, "sm_90", tmp_path)
 

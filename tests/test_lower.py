@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cuda_source import compiled_source, kernels
 from tvm_b2b import FusedConvSpec
 from tvm import tirx
-from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, _bytes, hoist_loop_syncs, plan_offsets, register_pipeline
+from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, _bytes, hoist_loop_syncs, is_pool, plan_offsets, register_pipeline
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
 from tvm_b2b.target import parse_target
 
@@ -99,7 +99,7 @@ def test_shared_bytes_bounds_the_planned_pool(spec, config):
         def run_after_pass(self, mod, info):
             if info.name in ("tvm_b2b.PoolSharedMemory", "tvm_b2b_pipeline"):  # planned; as the launch sizes it
                 pools = [a for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
-                         for a in _allocations(f.body, lambda b: b.name == POOL_NAME)]
+                         for a in _allocations(f.body, is_pool)]
                 (planned if info.name.startswith("tvm_b2b.") else launched).extend(_bytes(s.buffer) for s in pools)
 
     func = scheduled_funcs(spec, target, True, cfg).funcs[0]
@@ -125,7 +125,7 @@ def test_every_mma_fragment_is_lowered_to_registers(fused):
 def _epilogue_kernel(write_offset: int, value=lambda load: load, write_stride: int = 32):
     """A pool holding 256 fp32 (bytes 0-1023 of 2048) and a loop that, after a barrier, reads
     acc[i * 32 + tx] and writes fp16 value(it) to mid[write_offset + i * write_stride + tx]."""
-    pool = tirx.decl_buffer((2048,), "uint8", name=POOL_NAME, scope="shared.dyn")
+    pool = tirx.decl_buffer((2048,), "uint8", name=f"{POOL_NAME}_uint8", scope="shared.dyn")
     acc = tirx.decl_buffer((512,), "float32", name="acc", data=pool.data, scope="shared.dyn")
     mid = tirx.decl_buffer((1024,), "float16", name="mid", data=pool.data, scope="shared.dyn")
     tx, i = tirx.Var("tx", "int32"), tirx.Var("i", "int32")
@@ -191,8 +191,8 @@ def test_register_epilogue_has_no_fp32_staging(tmp_path):
 
     target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("mma=1,epilogue=1,pipeline=1")
     source = compiled_source(scheduled_funcs(SPEC, target, True, cfg).funcs, target)
-    assert "half b2b_shared_pool_ptr[]" in source and "(float*)b2b_shared_pool_ptr" not in source
-    assert re.search(r"mid_ptr\[|b2b_shared_pool_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv1_warp_ptr\[", source)
+    assert "half b2b_shared_pool_float16_ptr[]" in source and "(float*)b2b_shared_pool" not in source
+    assert re.search(r"mid_ptr\[|b2b_shared_pool_float16_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv1_warp_ptr\[", source)
     assert re.search(r"out_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv2_warp_ptr\[", source)
     assert cuda_wmma.shared_bytes(SPEC, cfg) < cuda_wmma.shared_bytes(SPEC, WmmaConfig.parse("mma=1,pipeline=1"))
     if "sm_90" in nvcc_arches():
@@ -209,7 +209,7 @@ def test_staged_output_epilogue_stores_128_bits(tmp_path):
     unfused = compiled_source(scheduled_funcs(SPEC, target, False, cfg).funcs, target)
     for source, name in ((fused, "out"), (unfused, "out"), (unfused, "mid")):
         assert f"*(uint4*)({name}_ptr + " in source and not re.search(rf"\b{name}_ptr\[[^\]]*\] = ", source)
-    assert "half b2b_shared_pool_ptr[]" in fused and "(float*)b2b_shared_pool_ptr" not in fused
+    assert "half b2b_shared_pool_float16_ptr[]" in fused and "(float*)b2b_shared_pool" not in fused
     if "sm_90" in nvcc_arches():
         nvcc_compile(fused, "sm_90", tmp_path)
 

@@ -87,8 +87,13 @@ def _allocations(stmt, keep) -> list:
 
 def _pool_allocation(func):
     """The AllocBuffer of the pool PoolSharedMemory made in `func` (None when there is not exactly one)."""
-    pools = _allocations(func.body, lambda b: b.name == POOL_NAME)
+    pools = _allocations(func.body, is_pool)
     return pools[0] if len(pools) == 1 else None
+
+
+def is_pool(buffer) -> bool:
+    """Whether `buffer` is a pool that PoolSharedMemory made."""
+    return buffer.name.startswith(POOL_NAME + "_")
 
 
 def _ours(func) -> bool:
@@ -149,9 +154,12 @@ def pool_shared_memory(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def _pool_buffer(total: int, dtypes: set[str]):
     """The pool: bytes, or elements of the one type all its buffers have. (StorageRewrite retypes a
     byte pool whose every access is fp16 to fp16 without dividing its extent, doubling the kernel's
-    dynamic shared memory: 184 instead of 92 KiB per block, measured on the H200.)"""
+    dynamic shared memory: 184 instead of 92 KiB per block, measured on the H200.)
+    Named after its element type: the CUDA codegen declares it `extern __shared__ T name[]`, and all
+    kernels of a model share one translation unit, where one name may have only one type (a model
+    with a half pool and a byte pool failed to compile: "declaration is incompatible")."""
     dtype = dtypes.pop() if len(dtypes) == 1 else "uint8"
-    return tirx.decl_buffer((total * 8 // tvm.DataType(dtype).bits,), dtype, name=POOL_NAME, scope=POOL_SCOPE)
+    return tirx.decl_buffer((total * 8 // tvm.DataType(dtype).bits,), dtype, name=f"{POOL_NAME}_{dtype}", scope=POOL_SCOPE)
 
 
 def _shift(index, offset: int):
@@ -232,7 +240,7 @@ def typed_pool_access(func: tirx.PrimFunc) -> tirx.PrimFunc:
             return node
         if dtype not in views:
             count = _bytes(pool) * 8 // tvm.DataType(dtype).bits
-            views[dtype] = tirx.decl_buffer((count,), dtype, name=f"{POOL_NAME}_{dtype}", data=pool.data, scope=POOL_SCOPE)
+            views[dtype] = tirx.decl_buffer((count,), dtype, name=f"{pool.name}_as_{dtype}", data=pool.data, scope=POOL_SCOPE)
         args = [node.args[0], views[dtype].data, *node.args[2:]]
         return tvm.ir.Call(node.op, args, node.attrs, ret_ty=node.ty)
 
