@@ -15,10 +15,14 @@ class UserError(Exception):
 def _op(args) -> int:
     from . import build
     from .op import FusedConvSpec, compare, random_inputs, reference
+    from .target import NO_GPU, has_cuda_gpu, parse_target
 
     spec = FusedConvSpec.parse(args.spec)
+    target = parse_target(args.target)
+    if (args.check or args.bench) and target.kind.name == "cuda" and not has_cuda_gpu():
+        raise UserError(f"--check/--bench run the kernel, and {NO_GPU} (without them, op builds for {args.target} only)")
     start = time.perf_counter()
-    kernel = build(spec, args.target, fused=not args.unfused, config=args.config, db=_db(args))
+    kernel = build(spec, target, fused=not args.unfused, config=args.config, db=_db(args))
     print(f"spec    {spec.to_string()}")
     print(f"target  {kernel.target}")
     print(f"build   {time.perf_counter() - start:.2f} s ({'fused, one kernel' if kernel.fused else 'unfused, two kernels'})")
@@ -32,6 +36,7 @@ def _op(args) -> int:
             f.write(kernel.source())
         print(f"source  written to {args.emit_source}")
     if not (args.check or args.bench):
+        print("built only: add --check to compare with the numpy reference, --bench to time it against two kernels")
         return 0
     inputs = random_inputs(spec, seed=args.seed)
     status = 0
@@ -77,20 +82,25 @@ def _stderr_to(path: str):
 def _tune(args) -> int:
     from .frontend.model import analyze
     from .op import FusedConvSpec
-    from .target import parse_target
+    from .target import NO_GPU, has_cuda_gpu, parse_target
     from .tune.database import TuningDatabase, record_specs
     from .tune.tuner import tune_spec
 
     target = parse_target(args.target)
     if target.kind.name != "cuda":
         raise UserError("--target: tuning is for CUDA targets (the CPU schedule has no parameters)")
+    if args.trials <= 0:
+        raise UserError(f"--trials: expected a positive number, got {args.trials}")
+    if not has_cuda_gpu():
+        raise UserError(f"{NO_GPU} to measure on (tuning times every candidate on the target GPU); "
+                        "run tvm-b2b tune on a machine with that GPU")
+    database = TuningDatabase(args.db, lock=True)  # one tuner per database: a second one stops here
     if args.model:
         _, pairs, _ = analyze(args.model, target, dtype="float16", db=None)
         specs = list(dict.fromkeys(p.spec for p in pairs if p.fused))
         print(f"{args.model}: {len(specs)} distinct fused pair(s) to tune")
     else:
         specs = [FusedConvSpec.parse(s) for s in args.spec]
-    database = TuningDatabase(args.db)
     record_specs(args.db, specs)
     deadline = time.time() + 60 * args.minutes if args.minutes else None
     results = []
@@ -133,9 +143,15 @@ def _compile(args) -> int:
 
     start = time.perf_counter()
     dtype = None if args.dtype == "float32" else args.dtype
-    pairs = compile_model(args.model, args.output, parse_target(args.target), fuse=not args.no_fuse, dtype=dtype, db=_db(args))
+    target = parse_target(args.target)
+    if target.kind.name == "cuda" and dtype is None:
+        print("hint: --dtype float16 runs the convolutions on tensor cores; this build keeps float32", file=sys.stderr)
+    pairs = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
+                          emit_source=args.emit_source)
     print(f"compiled {args.model} -> {args.output} (+ .json) in {time.perf_counter() - start:.1f} s: "
           f"{sum(p.fused for p in pairs)} of {len(pairs)} 3x3 -> 1x1 pair(s) fused")
+    if args.emit_source:
+        print(f"source written to {args.emit_source}")
     for p in pairs:
         if not p.fused:
             print(f"  not fused: {p.conv3x3} -> {p.conv1x1}: {p.reason}")
@@ -154,15 +170,41 @@ def _run(args) -> int:
         if not sep:
             raise UserError(f"--input {item}: expected NAME=FILE.npy")
         inputs[name] = np.load(path)
+    missing = [name for name in model.input_names if name not in inputs]
+    if missing and set(inputs) <= set(model.input_names):  # (an unknown name: the model's own error says so)
+        raise UserError(f"input {missing[0]}: missing: give it as --input {missing[0]}=FILE.npy (this model's inputs: "
+                        f"{model.signature()})")
     outputs = model(**inputs)
     for name, value in outputs.items():
-        print(f"{name}: {value.dtype} {value.shape}")
+        print(f"{name}: {summary(value)}")
     if args.output:
         np.savez(args.output, **outputs)
         print(f"written: {args.output}")
     if args.bench:
-        print(f"latency {model.time_us(inputs):.1f} us (median)")
+        print(f"latency {latency(model.time_us(inputs))} (median)")
     return 0
+
+
+def summary(value) -> str:
+    """One line about an output: dtype, shape, min/max/mean, and for one vector of scores (shape (K,)
+    or (1, K)) the top-5 indices."""
+    import numpy as np
+
+    line = f"{value.dtype} {value.shape}"
+    if value.size == 0:
+        return line
+    data = value.astype(np.float64)
+    line += f"  min {data.min():.4g}  max {data.max():.4g}  mean {data.mean():.4g}"
+    if value.ndim == 1 or (value.ndim == 2 and value.shape[0] == 1):
+        scores = data.reshape(-1)
+        top = np.argsort(-scores, kind="stable")[:5]
+        line += "  top-5 " + ", ".join(f"{i} ({scores[i]:.4g})" for i in top)
+    return line
+
+
+def latency(us: float) -> str:
+    """µs below 1 ms, ms from 1 ms on."""
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -170,8 +212,16 @@ def make_parser() -> argparse.ArgumentParser:
         prog="tvm-b2b", description="Back-to-back 3x3 -> 1x1 convolution fusion for TVM."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    op = commands.add_parser("op", help="build one fused op, optionally check it against numpy and time it")
-    op.add_argument("--spec", required=True, help='e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64,stride=1,act1=relu,act2=relu,residual=0,dtype=float16"')
+    op = commands.add_parser(
+        "op", help="build one fused op, optionally check it against numpy and time it",
+        description="Builds one fused 3x3 -> 1x1 convolution pair (y = act2(conv1x1(act1(conv3x3(x) * s1 + b1)) * s2 + b2 "
+                    "[+ residual])) for a target. Without --check or --bench it only builds (and with --emit-source writes "
+                    "the generated code); --check runs it on random data against the numpy reference, --bench times it "
+                    "against the same template's two-kernel form. Both need the target's device on this machine.")
+    op.add_argument("--spec", required=True, help="the pair as comma-separated fields: n, h, w, c, k1, k2 required "
+                    "(batch, height, width, input channels, 3x3 and 1x1 output channels); optional stride=1 (or 2), "
+                    "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32); "
+                    'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64"')
     op.add_argument("--target", default="llvm", help="llvm, cuda (the local GPU), cuda:sm_XX, or a TVM target JSON")
     op.add_argument("--check", action="store_true", help="run on random data and compare with the numpy reference (exit 1 on mismatch)")
     op.add_argument("--bench", action="store_true", help="also time the unfused baseline (two kernels)")
@@ -183,23 +233,37 @@ def make_parser() -> argparse.ArgumentParser:
     _db_options(op)
     op.set_defaults(handler=_op)
 
-    report = commands.add_parser("report", help="list the 3x3 -> 1x1 pairs of an ONNX model and whether each fuses")
+    report = commands.add_parser(
+        "report", help="list the 3x3 -> 1x1 pairs of an ONNX model and whether each fuses",
+        description="Imports an ONNX model and lists every 3x3 -> 1x1 convolution pair it has, with the fused spec "
+                    "or the reason it is not fused on the target. Compiles nothing.")
     report.add_argument("model", help="MODEL.onnx")
     report.add_argument("--target", default="llvm", help="the target whose kernel decides what fuses (default llvm)")
     report.add_argument("--json", action="store_true", help='print {"pairs": [...]} as JSON')
     report.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for compile")
     report.set_defaults(handler=_report)
 
-    comp = commands.add_parser("compile", help="compile an ONNX model, fusing its pairs, to a deployable library")
+    comp = commands.add_parser(
+        "compile", help="compile an ONNX model, fusing its pairs, to a deployable library",
+        description="Compiles an ONNX model (static input shapes) for a target into OUT.so plus OUT.so.json (its inputs, "
+                    "outputs and pairs), which `tvm-b2b run` and tvm_b2b.load() take. Each fusable 3x3 -> 1x1 pair "
+                    "runs as one fused kernel; the rest compiles with TVM. On CUDA, --dtype float16 is what runs on tensor cores.")
     comp.add_argument("model", help="MODEL.onnx")
     comp.add_argument("-o", "--output", required=True, help="OUT.so (metadata goes to OUT.so.json)")
     comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, or a TVM target JSON")
     comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
     comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
+    comp.add_argument("--emit-source", metavar="FILE", help="write the whole model's generated device code (CUDA on cuda "
+                      "targets, one translation unit as the GPU compiles it; LLVM IR on CPUs)")
     _db_options(comp)
     comp.set_defaults(handler=_compile)
 
-    tune = commands.add_parser("tune", help="tune the fused kernel for a GPU with MetaSchedule (resumable)")
+    tune = commands.add_parser(
+        "tune", help="tune the fused kernel for a GPU with MetaSchedule (resumable)",
+        description="Searches the CUDA schedule's parameters of one or more specs (or every fused pair of a model) "
+                    "with MetaSchedule's evolutionary search and XGBoost cost model, measuring on this machine's GPU; "
+                    "every candidate is checked against the numpy reference. Records go to a MetaSchedule JSON "
+                    "database; rerunning the same command continues it.")
     what = tune.add_mutually_exclusive_group(required=True)
     what.add_argument("--spec", action="append", help="a fused op spec to tune (repeat for several)")
     what.add_argument("--model", help="MODEL.onnx: tune every distinct fused pair it has (float16)")
@@ -209,7 +273,11 @@ def make_parser() -> argparse.ArgumentParser:
     tune.add_argument("--minutes", type=float, help="stop starting new rounds after this long (rerun to continue)")
     tune.set_defaults(handler=_tune)
 
-    run = commands.add_parser("run", help="run a compiled model on .npy inputs")
+    run = commands.add_parser(
+        "run", help="run a compiled model on .npy inputs",
+        description="Runs a model compiled by `tvm-b2b compile` on inputs from .npy files and prints a summary of "
+                    "each output (shape, min/max/mean, top-5 of a score vector); --output saves them, --bench "
+                    "prints the latency. The target's device must be on this machine.")
     run.add_argument("library", help="OUT.so from tvm-b2b compile")
     run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="an input by its ONNX name (repeat)")
     run.add_argument("--output", metavar="OUT.npz", help="write the outputs under their ONNX names")

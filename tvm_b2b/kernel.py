@@ -89,10 +89,7 @@ class FusedKernel:
 
     def source(self) -> str:
         """Generated source: CUDA for GPU targets, LLVM IR for CPU ones."""
-        module = self.executable.mod
-        if self.target.kind.name == "cuda":
-            return "\n".join(m.inspect_source() for m in module.imports if m.kind == "cuda")
-        return module.inspect_source("ll")
+        return generated_source(self.executable, self.target)
 
     @property
     def fused(self) -> bool:
@@ -155,6 +152,22 @@ def compile_module(mod, target):
 
     with tvm.transform.PassContext(config=pass_config(target)), _cuda_source_rewrites(target):
         return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
+
+
+def generated_source(executable, target) -> str:
+    """The generated device code of a compiled module (a kernel's or a whole model's): the CUDA of
+    every kernel for CUDA targets (one translation unit, as the GPU compiles it), else the LLVM IR."""
+    if target.kind.name == "cuda":
+        return "\n".join(m.inspect_source() for m in _modules(executable.mod) if m.kind == "cuda")
+    return "\n".join(m.inspect_source("ll") for m in _modules(executable.mod) if m.kind == "llvm")
+
+
+def _modules(module):
+    """A runtime module and everything it imports, depth first (a Relax VM executable holds the host
+    library, which holds the device library)."""
+    yield module
+    for imported in module.imports:
+        yield from _modules(imported)
 
 
 # Environment variables that change the generated code (a build is cached per their values)

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from ..target import NO_GPU, has_cuda_gpu
 from .normalize import ModelError, import_model, load_onnx
 
 
@@ -46,16 +47,21 @@ def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="
     return mod, pairs, model
 
 
-def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto") -> list:
+def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto",
+                  emit_source: str | None = None) -> list:
     """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the pairs.
     dtype="float16": the fused pairs run in float16 with float32 accumulation. db: where the fused
-    kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults)."""
-    from ..kernel import compile_module
+    kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults).
+    emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs)."""
+    from ..kernel import compile_module, generated_source
     from .rewrite import fuse_pairs
 
     mod, pairs, model = analyze(path, target, fuse, dtype, db)
     mod, _ = fuse_pairs(mod, target, pairs)
     executable = compile_module(mod, target)
+    if emit_source:
+        with open(emit_source, "w") as f:
+            f.write(generated_source(executable, target))
     executable.export_library(out)
     inputs, outputs = onnx_signature(model)
     meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",
@@ -81,12 +87,18 @@ class CompiledModel:
             raise ModelError(f"{meta_path}: missing (compile the model with tvm-b2b compile)")
         with open(meta_path) as f:
             self.meta = json.load(f)
+        if self.meta["device"] == "cuda" and not has_cuda_gpu():
+            raise ModelError(f"{path}: compiled for {self.meta['target']}, and {NO_GPU} to run it on")
         self.device = tvm.cuda(0) if self.meta["device"] == "cuda" else tvm.cpu(0)
         self.vm = relax.VirtualMachine(tvm.runtime.load_module(path), self.device)
 
     @property
     def input_names(self) -> list[str]:
         return [i["name"] for i in self.meta["inputs"]]
+
+    def signature(self) -> str:
+        """The inputs as 'name dtype (shape)', comma-separated."""
+        return ", ".join(f"{i['name']} {i['dtype']} {tuple(i['shape'])}" for i in self.meta["inputs"])
 
     def _args(self, inputs: dict[str, np.ndarray]) -> list:
         import tvm
@@ -98,7 +110,7 @@ class CompiledModel:
         for spec in self.meta["inputs"]:
             name = spec["name"]
             if name not in inputs:
-                raise ValueError(f"input {name}: missing")
+                raise ValueError(f"input {name}: missing (this model's inputs: {self.signature()})")
             value = np.asarray(inputs[name])
             if list(value.shape) != spec["shape"] or value.dtype.name != spec["dtype"]:
                 raise ValueError(f"input {name}: expected {spec['dtype']} {tuple(spec['shape'])}, got {value.dtype.name} {value.shape}")
