@@ -11,10 +11,22 @@ def local_cuda_arch() -> str:
     """sm_XX of GPU 0, or a ValueError when this machine has none."""
     import tvm
 
-    dev = tvm.cuda(0)
-    if not dev.exist:
-        raise ValueError("target: 'cuda' means the local GPU, and this machine has none (use cuda:sm_XX to cross-build)")
-    return "sm_" + dev.compute_version.replace(".", "")
+    if not has_cuda_gpu():
+        raise ValueError(f"target: 'cuda' means the local GPU, and {NO_GPU} (use cuda:sm_XX to cross-build)")
+    return "sm_" + tvm.cuda(0).compute_version.replace(".", "")
+
+
+def has_cuda_gpu() -> bool:
+    """Whether this machine has a CUDA GPU that TVM can run on."""
+    import tvm
+
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - no driver, or a runtime without CUDA: no GPU to run on
+        return False
+
+
+NO_GPU = "this machine has no CUDA GPU"
 
 
 def parse_target(text):

@@ -20,11 +20,21 @@ def load_onnx(path: str):
         raise ModelError(f"{path}: no such file")
     try:
         model = onnx.load(path)
+        if any(not _has_shape(output) for output in model.graph.output):
+            # onnxruntime runs such models (exporters write them); the checker and the importer need the
+            # outputs' types and shapes, which ONNX's shape inference gives
+            model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
     except Exception as err:  # noqa: BLE001 - onnx raises several types for a bad file
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelError(f"{path}: not a valid ONNX model ({first})") from None
     return model
+
+
+def _has_shape(value) -> bool:
+    """Whether an ONNX value declares its element type and shape."""
+    tensor = value.type.tensor_type
+    return value.HasField("type") and tensor.elem_type != 0 and tensor.HasField("shape")
 
 
 @relax.expr_functor.mutator

@@ -149,7 +149,9 @@ def _affine_step(call, var, channels: int):
     if c is None:
         return None
     one, zero = np.ones(channels, np.float32), np.zeros(channels, np.float32)
-    return {"relax.add": (one, c), "relax.subtract": (one, -c), "relax.multiply": (c, zero), "relax.divide": (1 / c, zero)}[op]
+    steps = {"relax.add": lambda: (one, c), "relax.subtract": lambda: (one, -c), "relax.multiply": lambda: (c, zero),
+             "relax.divide": lambda: (1 / c, zero)}  # lazily: 1 / c of a zero bias is no error of the model
+    return steps[op]()
 
 
 def _affine_back(graph: _Graph, var, channels: int):

@@ -36,6 +36,45 @@ def _append_line(path: Path, obj) -> None:
         os.close(fd)
 
 
+def _replace_bytes(path: Path, data: bytes) -> None:
+    """Writes `data` to `path` atomically: a reader or a crash sees the old file or the new, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+LOCK = ".lock"
+
+
+def lock_database(directory: Path):
+    """Takes DIR/.lock for this process (released when it exits, however it ends), or ValueError
+    when another process holds it: two tuners appending to one database would interleave their
+    workload indices."""
+    import fcntl
+
+    key = str(Path(directory).resolve())
+    if key in _HELD:
+        return _HELD[key]  # this process holds it already (flock would refuse a second descriptor)
+    fd = os.open(Path(directory) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"db: {directory} is in use by another tvm-b2b tune (pid {holder}); wait for it to end "
+                         "or tune into another --db") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _HELD[key] = fd
+    return fd
+
+
+_HELD: dict[str, int] = {}  # database directory -> this process's locked descriptor
+
+
 def record_json(record):
     """A tuning record as plain JSON. TVM 0.27's TuningRecord.as_json fails on traces that hold an
     index map (the ldmatrix layouts of the mma kernel: "Not supported type: IndexMap"); written as
@@ -67,8 +106,10 @@ def _key(mod) -> int:
     return tvm_ffi.structural_hash(mod)
 
 
-def _read_lines(path: Path) -> list:
-    """The JSON objects of a database file, or ValueError naming the file and the bad line."""
+def _read_lines(path: Path, repair: bool) -> list:
+    """The JSON objects of a database file, or ValueError naming the file and the bad line. A last
+    line cut short by a crash is dropped; with `repair` (the writer, holding the lock) also from the
+    file, atomically (the whole lines go to a new file that replaces the old one)."""
     if not path.exists():
         return []
     raw = path.read_bytes()
@@ -76,8 +117,10 @@ def _read_lines(path: Path) -> list:
     if lines and lines[-1] == b"":
         lines.pop()
     elif lines:  # no final newline: an append cut short, the one place a crash can tear a line
-        log.warning("%s: dropping its last line, cut short by an interrupted write", path)
-        path.write_bytes(raw[: len(raw) - len(lines.pop())])
+        torn = lines.pop()
+        log.warning("%s: %s its last line, cut short by an interrupted write", path, "dropping" if repair else "ignoring")
+        if repair:
+            _replace_bytes(path, raw[: len(raw) - len(torn)])
     objs = []
     for number, line in enumerate(lines, 1):
         try:
@@ -92,10 +135,13 @@ class TuningDatabase(ms.database.PyDatabase):
     """A MetaSchedule database kept in DIR as the stock JSON files (ms.database.JSONDatabase opens
     them too), queried in memory."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, lock: bool = False):
+        """lock: this process is the database's one writer (tvm-b2b tune, shipping): it takes the
+        directory's lock first (ValueError if another process holds it) and repairs a torn last line."""
         super().__init__()
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock_fd = lock_database(self.dir) if lock else None
         self.mem = ms.database.MemoryDatabase()
         self.workload_index: dict = {}  # structural hash -> line in the workload file
         self.records: dict = {}  # structural hash -> every record (valid or not) of that workload
@@ -106,14 +152,15 @@ class TuningDatabase(ms.database.PyDatabase):
         import tvm.s_tir.tensor_intrin.cuda  # noqa: F401  (slow import: only where a database is read)
 
         workloads = []
-        for number, obj in enumerate(_read_lines(self.dir / WORKLOADS), 1):
+        repair = self.lock_fd is not None
+        for number, obj in enumerate(_read_lines(self.dir / WORKLOADS, repair), 1):
             try:
                 mod = ms.database.Workload.from_json(obj).mod
             except Exception:  # noqa: BLE001 -- any parse failure means the same to the user
                 raise ValueError(f"{self.dir / WORKLOADS}: line {number} is not a workload (corrupted tuning database?)") from None
             workloads.append(self.mem.commit_workload(mod))
             self.workload_index[_key(mod)] = number - 1
-        for number, obj in enumerate(_read_lines(self.dir / RECORDS), 1):
+        for number, obj in enumerate(_read_lines(self.dir / RECORDS, repair), 1):
             try:
                 index, record = obj
                 self._remember(ms.database.TuningRecord.from_json(record, workloads[index]))
@@ -174,8 +221,9 @@ def database_name(device_name: str, arch: str) -> str:
 def local_gpu_name() -> str | None:
     import tvm
 
-    dev = tvm.cuda(0)
-    return dev.device_name if dev.exist else None
+    from ..target import has_cuda_gpu
+
+    return tvm.cuda(0).device_name if has_cuda_gpu() else None
 
 
 def find_database(target) -> Path | None:
@@ -225,7 +273,7 @@ def record_specs(directory, specs) -> None:
 
 def merge(sources, destination) -> None:
     """Every record of the `sources` databases appended to the one at `destination`."""
-    dst = TuningDatabase(destination)
+    dst = TuningDatabase(destination, lock=True)
     for source in sources:
         for record in TuningDatabase(source).get_all_tuning_records():
             workload = dst.commit_workload(record.workload.mod)
@@ -237,7 +285,7 @@ def merge(sources, destination) -> None:
 def prune(source, destination, top: int = 3) -> int:
     """Copies the `top` fastest valid records of each workload of `source` into a new database
     at `destination` (what ships in schedules/); returns how many."""
-    src, dst = TuningDatabase(source), TuningDatabase(destination)
+    src, dst = TuningDatabase(source), TuningDatabase(destination, lock=True)
     seen, count = set(), 0
     for record in src.get_all_tuning_records():
         key = _key(record.workload.mod)
