@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.op import ACTIVATIONS, compare, random_inputs, reference
-from tvm_b2b.schedule.cuda_wmma import KNOBS, WmmaConfig, check_config, stages_residual
+from tvm_b2b.schedule.cuda_wmma import KNOBS, WmmaConfig, check_config, fits_shared_memory, stages_residual
+from tvm_b2b.target import cuda_arch_number, parse_target
 
 pytestmark = pytest.mark.gpu
 
@@ -33,10 +34,15 @@ def test_cuda_kernel_matches_reference(spec, fused):
     _assert_computes_op(spec, 7, fused=fused)
 
 
-def _assert_computes_op(spec, seed, **build_args):
-    """The op built for the local GPU (build's arguments) matches the numpy reference on random inputs."""
+def _assert_computes_op(spec, seed, one_kernel=None, **build_args):
+    """The op built for the local GPU (build's arguments) matches the numpy reference on random inputs,
+    and is ONE kernel where it is built fused (`one_kernel`, default: build's `fused`), so that a
+    fallback to two kernels cannot pass as the fused kernel."""
     inputs = random_inputs(spec, seed=seed)
-    err, ok = compare(spec, build(spec, "cuda", **build_args)(**inputs), reference(spec, **inputs))
+    kernel = build(spec, "cuda", **build_args)
+    wanted = build_args.get("fused", True) if one_kernel is None else one_kernel
+    assert kernel.fused == wanted, f"{spec.to_string()} {build_args}: {len(kernel.func_names)} kernel(s)"
+    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
     assert ok, f"{spec.to_string()} {build_args}: max abs error {err}"
 
 
@@ -77,7 +83,9 @@ def test_cuda_kernel_random_configs(spec, knobs, variant):
         check_config(spec, config)
     except ValueError:
         assume(False)
-    _assert_computes_op(spec, 5, config=config.to_string(), db=None)
+    # two kernels only where the fused kernel's shared memory exceeds the GPU's
+    fits = fits_shared_memory(spec, config, cuda_arch_number(parse_target("cuda")))
+    _assert_computes_op(spec, 5, one_kernel=fits, config=config.to_string(), db=None)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,7 +96,7 @@ def test_cuda_kernel_random_configs(spec, knobs, variant):
 )
 def test_cuda_kernel_random_specs(n, h, w, c, k1, k2, stride, act1, act2, residual, seed):
     spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=stride, act1=act1, act2=act2, residual=residual, dtype="float16")
-    _assert_computes_op(spec, seed)
+    _assert_computes_op(spec, seed)  # the default config fits shared memory at these sizes: one kernel
 
 
 # epilogue=1: the epilogues read the mma accumulator registers (no fp32 staging in shared memory);

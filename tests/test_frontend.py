@@ -6,6 +6,7 @@ fused pairs in float16, fp32 accumulation) 2e-2 + 2e-2 |ref|.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ from onnx import TensorProto, helper
 import tvm_b2b
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model
-from tvm_b2b.target import parse_target
+from tvm_b2b.target import has_cuda_gpu, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("make_models", os.path.join(ROOT, "onnx_models", "make_models.py"))
@@ -140,6 +141,8 @@ def test_bad_inputs_are_one_line_errors(model_dir, residual_lib, tmp_path, capsy
         (["run", str(residual_lib), "--input", f"x={paths['shape']}"], "input x: expected float32 (2, 16, 14, 14)"),
         (["run", str(residual_lib), "--input", f"x={paths['dtype']}"], "input x: expected float32"),
         (["run", str(residual_lib), "--input", f"x={tmp_path / 'nope.npy'}"], "nope.npy"),
+        (["run", str(residual_lib)], "input x: missing: give it as --input x=FILE.npy (this model's inputs: "
+                                     "x float32 (2, 16, 14, 14))"),
     ]
     for args, message in cases:
         assert main(args) == 2, args
@@ -186,3 +189,56 @@ def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
             assert not report["fused"] and len(p.kernels.funcs) == 2, report
             assert "runs as two tensor-core kernels" in report["reason"]
     assert sum(p.fused for p in pairs) == 3
+
+
+def classifier_model(path, output_type=True):
+    """x (1, 3, 8, 8) -> Conv -> GlobalAveragePool -> Flatten -> y (1, 10): one vector of scores.
+    output_type=False leaves y without type and shape, as some exporters write outputs."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [10, 3, 3, 3], np.random.default_rng(3).standard_normal(270).astype(np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["y"])]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10]) if output_type else onnx.ValueInfoProto(name="y")
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_model_whose_output_has_no_shape_compiles(tmp_path):
+    """onnxruntime runs a model whose graph output declares no type (onnx.checker rejects it): shapes
+    are inferred instead of the model refused."""
+    path = tmp_path / "untyped.onnx"
+    classifier_model(str(path), output_type=False)
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(onnx.load(path))
+    compile_model(str(path), str(tmp_path / "m.so"), parse_target("llvm"))
+    x = np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    got = tvm_b2b.load(str(tmp_path / "m.so"))(x=x)
+    want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    assert list(got) == ["y"]
+    np.testing.assert_allclose(got["y"], want, atol=1e-4, rtol=1e-4)
+
+
+def test_run_prints_a_summary_with_the_top_5(tmp_path, capsys):
+    path, x = tmp_path / "classifier.onnx", tmp_path / "x.npy"
+    classifier_model(str(path))
+    np.save(x, np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32))
+    assert main(["compile", str(path), "-o", str(tmp_path / "m.so")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m.so"), "--input", f"x={x}", "--bench"]) == 0
+    out = capsys.readouterr().out
+    want = ort.InferenceSession(str(path)).run(None, {"x": np.load(x)})[0].reshape(-1)
+    line = next(line for line in out.splitlines() if line.startswith("y: "))
+    assert line.startswith("y: float32 (1, 10)  min ") and f"max {want.max():.4g}" in line
+    top = [int(i) for i in re.findall(r"(\d+) \(", line.split("top-5")[1])]
+    assert top == list(np.argsort(-want, kind="stable")[:5])
+    assert re.search(r"^latency \d+\.\d+ (us|ms) \(median\)$", out, re.MULTILINE)
+
+
+@pytest.mark.skipif(has_cuda_gpu(), reason="checks the machine without a GPU")
+def test_running_a_cuda_model_without_a_gpu_is_one_line(tmp_path, capsys):
+    path = tmp_path / "classifier.onnx"
+    classifier_model(str(path))
+    compile_model(str(path), str(tmp_path / "m.so"), parse_target("cuda:sm_90"))
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 8, 8), np.float32))
+    assert main(["run", str(tmp_path / "m.so"), "--input", f"x={tmp_path / 'x.npy'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compiled for" in err and "this machine has no CUDA GPU to run it on" in err, err

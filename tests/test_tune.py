@@ -14,7 +14,7 @@ from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.kernel import compile_module, resolve_config
 from tvm_b2b.schedule import cuda_wmma
-from tvm_b2b.target import cuda_arch_number, parse_target
+from tvm_b2b.target import cuda_arch_number, has_cuda_gpu, parse_target
 from tvm_b2b.tune import database, space
 from tvm_b2b.tune.tuner import build_candidate, commit_record
 
@@ -104,8 +104,11 @@ def test_database_round_trip(tuned_dir):
     stock = ms.database.JSONDatabase(str(tuned_dir / database.WORKLOADS), str(tuned_dir / database.RECORDS))
     assert len(stock) == 2  # stock MetaSchedule reads the same files
     assert resolve_config(SPEC, target, True, None, tuned_dir) == FAST
-    assert "__launch_bounds__(128)" in build(SPEC, target, db=tuned_dir).source()  # FAST: 1 x 4 warps
-    assert "__launch_bounds__(128)" in build(SPEC, target, db=None).source()
+    tuned, default = build(SPEC, target, db=tuned_dir), build(SPEC, target, db=None)
+    assert tuned.config == FAST and default.config is None
+    # what only FAST produces: its 1 x 4 warps tile conv2's 128 channels as one chunk, so the kernel's
+    # code for that chunk differs from the default's (2 x 2 warps, 64-channel chunks)
+    assert FAST != cuda_wmma.default_config(SPEC, 90) and tuned.source() != default.source()
 
 
 def test_ship_merges_databases(tuned_dir, tmp_path):
@@ -141,12 +144,52 @@ def test_records_apply_only_to_their_workload_and_arch(tuned_dir):
 def test_interrupted_write_loses_no_finished_record(tuned_dir):
     records = tuned_dir / database.RECORDS
     whole = records.read_bytes()
-    records.write_bytes(whole + whole.splitlines(keepends=True)[0][:57])  # a third record cut short
-    db = database.TuningDatabase(tuned_dir)
+    torn = whole + whole.splitlines(keepends=True)[0][:57]  # a third record cut short
+    records.write_bytes(torn)
+    assert len(database.TuningDatabase(tuned_dir).records_for(cuda_wmma.workload(SPEC))) == 2
+    assert records.read_bytes() == torn  # a reader (a build) drops the torn line in memory only
+    db = database.TuningDatabase(tuned_dir, lock=True)  # the writer repairs the file
     assert len(db.records_for(cuda_wmma.workload(SPEC))) == 2
     assert records.read_bytes() == whole  # the torn tail is gone, the rest untouched
     _record(db, SPEC, parse_target("cuda:sm_90"), SLOW, 8e-5)  # tuning resumes: appends after it
     assert len(database.TuningDatabase(tuned_dir).records_for(cuda_wmma.workload(SPEC))) == 3
+
+
+def test_repairing_a_torn_line_is_atomic(tuned_dir, monkeypatch):
+    """The repair writes the whole lines to a new file that replaces the old one: a crash before the
+    replace (simulated: os.replace fails) leaves the old file as it was, never a half-written one."""
+    records = tuned_dir / database.RECORDS
+    torn = records.read_bytes() + b'[0, ["cut'
+    records.write_bytes(torn)
+
+    def crash(*_args):
+        raise OSError("simulated crash before the replace")
+
+    monkeypatch.setattr(database.os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        database.TuningDatabase(tuned_dir, lock=True)
+    assert records.read_bytes() == torn
+
+
+def test_a_second_writer_stops_with_a_one_line_error(tuned_dir):
+    """Two tuners on one database: the second stops before it writes anything (a lock held by a real
+    second process, released however that process ends)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from tvm_b2b.tune.database import lock_database; "
+         "lock_database(sys.argv[1]); print('locked', flush=True); time.sleep(120)", str(tuned_dir)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = {p.name: p.read_bytes() for p in tuned_dir.iterdir() if p.is_file()}
+        with pytest.raises(ValueError, match=f"in use by another tvm-b2b tune \\(pid {holder.pid}\\)") as err:
+            database.TuningDatabase(tuned_dir, lock=True)
+        assert "\n" not in str(err.value)
+        assert {p.name: p.read_bytes() for p in tuned_dir.iterdir() if p.is_file()} == before
+        assert len(database.TuningDatabase(tuned_dir).records_for(cuda_wmma.workload(SPEC))) == 2  # readers still read
+    finally:
+        holder.kill()
+        holder.wait()
+    database.TuningDatabase(tuned_dir, lock=True)  # a killed holder leaves no stale lock
 
 
 @pytest.mark.parametrize("bad", [b"{not json\n", b'[0, ["trace?"]]\n'])
@@ -225,7 +268,9 @@ def test_tune_measures_resumes_and_build_uses_the_record(tmp_path):
     config = resolve_config(SPEC, target, True, None, tmp_path / "db")
     assert config is not None
     inputs = random_inputs(SPEC, seed=11)
-    err, ok = compare(SPEC, build(SPEC, target, db=tmp_path / "db")(**inputs), reference(SPEC, **inputs))
+    kernel = build(SPEC, target, db=tmp_path / "db")
+    assert kernel.fused and kernel.config == config
+    err, ok = compare(SPEC, kernel(**inputs), reference(SPEC, **inputs))
     assert ok, f"tuned {config}: max abs error {err}"
 
 
@@ -244,7 +289,9 @@ def test_shipped_database_records_are_correct():
         if resolve_config(spec, target, True, None, directory) is None:
             continue
         inputs = random_inputs(spec, seed=13)
-        err, ok = compare(spec, build(spec, target, db=directory)(**inputs), reference(spec, **inputs))
+        kernel = build(spec, target, db=directory)
+        assert kernel.fused, f"{spec.to_string()}: the tuned record of the fused kernel built two kernels"
+        err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
         assert ok, f"{spec.to_string()} tuned: max abs error {err}"
         checked += 1
     assert checked > 0
@@ -253,9 +300,14 @@ def test_shipped_database_records_are_correct():
 def test_tune_cli_errors_are_one_line(tmp_path, capsys):
     from tvm_b2b.cli import main
 
-    assert main(["tune", "--spec", SPEC.to_string(), "--target", "llvm", "--db", str(tmp_path)]) == 2
-    assert "tuning is for CUDA targets" in capsys.readouterr().err
-    assert main(["op", "--spec", OTHER.to_string(), "--target", "llvm", "--no-db"]) == 0
+    cases = [(["--target", "llvm", "--db", str(tmp_path)], "tuning is for CUDA targets"),
+             (["--target", "cuda:sm_90", "--db", str(tmp_path), "--trials", "0"], "--trials: expected a positive number")]
+    if not has_cuda_gpu():
+        cases.append((["--target", "cuda:sm_90", "--db", str(tmp_path)], "this machine has no CUDA GPU"))
+    for args, message in cases:
+        assert main(["tune", "--spec", SPEC.to_string(), *args]) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("tvm-b2b tune: error: ") and message in err, err
 
 
 def test_shipped_h200_database_is_used_when_cross_building(capsys):

@@ -1,0 +1,77 @@
+"""Real models for the tests: torchvision networks with random weights, exported to ONNX by torch
+(opset 17, the TorchScript exporter, as users export them), compared with onnxruntime.
+
+The BatchNorm statistics are calibrated on one random batch (train mode, momentum 1), so that each
+BatchNorm folds a non-trivial scale and bias into its conv and the activations stay in a realistic
+range through 50 layers (no float16 overflow that real weights would not have).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+# name -> (torchvision builder, its keyword arguments). resnet_bn: a ResNet-50-style network with
+# one bottleneck per stage (every conv kind of ResNet-50: 7x7 stem, 3x3 -> 1x1 pairs, stride-2 3x3,
+# 1x1 downsample, residuals, pools, FC) that compiles in seconds.
+MODELS = {
+    "resnet50": ("resnet50", {}),
+    "resnet_bn": ("ResNet", {"layers": [1, 1, 1, 1], "num_classes": 100}),
+    "mobilenet_v2": ("mobilenet_v2", {}),
+}
+
+
+def _network(name: str):
+    import torch
+    import torchvision
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    builder, kwargs = MODELS[name]
+    torch.manual_seed(0)
+    if builder == "ResNet":
+        return ResNet(Bottleneck, **kwargs)
+    return getattr(torchvision.models, builder)(weights=None, **kwargs)
+
+
+def _calibrate(net, size: int) -> None:
+    """BatchNorm running statistics from one random batch (see the module docstring)."""
+    import torch
+
+    for m in net.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = 1.0
+    net.train()
+    with torch.no_grad():
+        net(torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(1)))
+    net.eval()
+
+
+def export(name: str, batch: int, size: int, directory) -> str:
+    """DIR/NAME_bBATCH_SIZE.onnx (made once), input 'input' (batch, 3, size, size), output 'output'."""
+    import torch
+
+    path = os.path.join(str(directory), f"{name}_b{batch}_{size}.onnx")
+    if not os.path.exists(path):
+        net = _network(name)
+        _calibrate(net, size)
+        tmp = path + ".tmp.onnx"
+        torch.onnx.export(net, torch.zeros(batch, 3, size, size), tmp, opset_version=17, dynamo=False,
+                          input_names=["input"], output_names=["output"])
+        os.replace(tmp, path)
+    return path
+
+
+def random_image(batch: int, size: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 3, size, size)).astype(np.float32)
+
+
+def onnxruntime_output(path: str, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|: one number for a whole output (logits of random weights are
+    near zero in places, where an elementwise relative error says nothing)."""
+    return float(np.max(np.abs(got.astype(np.float64) - want)) / np.max(np.abs(want)))
