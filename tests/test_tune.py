@@ -2,8 +2,11 @@
 interrupted write, rejects a corrupted file, and never applies a record to another workload or
 arch. Tuning itself (measuring) is a GPU test."""
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import tvm
@@ -272,6 +275,37 @@ def test_tune_measures_resumes_and_build_uses_the_record(tmp_path):
     assert kernel.fused and kernel.config == config
     err, ok = compare(SPEC, kernel(**inputs), reference(SPEC, **inputs))
     assert ok, f"tuned {config}: max abs error {err}"
+
+
+@pytest.mark.gpu
+def test_tune_killed_mid_round_keeps_every_finished_record(tmp_path):
+    """A real `tvm-b2b tune` killed with SIGKILL (with its build and run workers) while its first search
+    round runs: every record finished before is still there and readable, and a rerun continues. While
+    it runs, a second tuner on the same database stops with a one-line error."""
+    db = tmp_path / "db"
+    cmd = [sys.executable, "-m", "tvm_b2b", "tune", "--spec", SPEC.to_string(), "--target", "cuda", "--db", str(db)]
+    tuner = subprocess.Popen([*cmd, "--trials", "40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
+    records = db / database.RECORDS
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and not (records.exists() and records.read_bytes().count(b"\n") >= 1):
+            assert tuner.poll() is None, tuner.communicate()[1][-2000:]
+            time.sleep(0.2)
+        assert records.exists(), "the default's record was never committed"
+        second = subprocess.run([*cmd, "--trials", "2"], capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+        assert f"in use by another tvm-b2b tune (pid {tuner.pid})" in second.stderr
+        time.sleep(5)  # into the first search round (16 candidates: drawn, built, measured, then committed)
+        assert tuner.poll() is None, "the tuner ended before it could be killed mid-round"
+    finally:
+        os.killpg(tuner.pid, signal.SIGKILL)
+        tuner.wait()
+    whole = records.read_bytes().count(b"\n")
+    kept = len(database.TuningDatabase(db).records_for(cuda_wmma.workload(SPEC)))
+    assert kept == whole >= 1  # every finished line is a readable record
+    out = _tune_cli(db, kept + 2)
+    assert f"{kept + 2} trials (2 new)" in out
 
 
 @pytest.mark.gpu
