@@ -143,14 +143,19 @@ def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="au
 _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
 
 
-def compile_module(mod, target):
+def compile_module(mod, target, cuda_graph: bool = False):
     """tvm.compile(mod) with our lowering pipeline (tvm_b2b.lower: TVM's, plus the shared-memory
-    planning of our kernels that TVM 0.27 gets wrong)."""
+    planning of our kernels that TVM 0.27 gets wrong). cuda_graph (a Relax module on CUDA): the
+    static part of each function is captured as one CUDA graph on its first run and replayed after
+    (TVM's RewriteCUDAGraph): one launch instead of one per kernel through the VM."""
     import tvm
 
     from .lower import pass_config, register_pipeline
 
-    with tvm.transform.PassContext(config=pass_config(target)), _cuda_source_rewrites(target):
+    config = pass_config(target)
+    if cuda_graph and target.kind.name == "cuda":
+        config["relax.backend.use_cuda_graph"] = True
+    with tvm.transform.PassContext(config=config), _cuda_source_rewrites(target):
         return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
 
 

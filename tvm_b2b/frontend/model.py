@@ -48,24 +48,25 @@ def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="
 
 
 def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto",
-                  emit_source: str | None = None) -> list:
+                  emit_source: str | None = None, cuda_graph: bool = True) -> list:
     """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the pairs.
     dtype="float16": the fused pairs run in float16 with float32 accumulation. db: where the fused
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults).
-    emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs)."""
+    emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs).
+    cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static)."""
     from ..kernel import compile_module, generated_source
     from .rewrite import fuse_pairs
 
     mod, pairs, model = analyze(path, target, fuse, dtype, db)
     mod, _ = fuse_pairs(mod, target, pairs)
-    executable = compile_module(mod, target)
+    executable = compile_module(mod, target, cuda_graph=cuda_graph)
     if emit_source:
         with open(emit_source, "w") as f:
             f.write(generated_source(executable, target))
     executable.export_library(out)
     inputs, outputs = onnx_signature(model)
     meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",
-            "pairs": [p.to_json() for p in pairs]}
+            "cuda_graph": bool(cuda_graph and target.kind.name == "cuda"), "pairs": [p.to_json() for p in pairs]}
     tmp = out + ".json.tmp"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)
