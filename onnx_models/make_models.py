@@ -6,7 +6,9 @@ writes one .onnx per entry of MODELS (generated, not committed: they are rebuilt
 Real CNNs: export them with torch (a dev tool only, never a runtime dependency), e.g.
     import torch, torchvision
     m = torchvision.models.resnet50().eval()
-    torch.onnx.export(m, torch.randn(1, 3, 224, 224), "resnet50.onnx", opset_version=17)
+    torch.onnx.export(m, torch.randn(1, 3, 224, 224), "resnet50.onnx", opset_version=17, dynamo=False)
+or with onnx_models/torchvision_models.py (random weights, BatchNorm calibrated; what the tests use):
+    python -c "import sys; sys.path.insert(0, 'onnx_models'); import torchvision_models as t; print(t.export('resnet50', 1, 224, '.'))"
 """
 from __future__ import annotations
 
@@ -127,6 +129,15 @@ def sigmoid_between(g: Graph):  # negative: an activation the kernel does not ha
     return g.conv(g.sigmoid(g.conv("x", 16, 32, 3)), 32, 16, 1)
 
 
+def grouped_sigmoid(g: Graph):  # negative twice over: grouped 3x3 and a sigmoid between (both reported)
+    return g.conv(g.sigmoid(g.conv("x", 16, 32, 3, groups=4)), 32, 16, 1)
+
+
+def across_blocks(g: Graph):  # no pair: 3x3 -> residual add -> relu -> 1x1 spans two blocks (ResNet-18's downsample)
+    y = g.relu(g.add(g.conv("x", 16, 16, 3), "x"))
+    return g.add(g.conv(y, 16, 16, 1), g.conv(y, 16, 16, 3))
+
+
 def mini_resnet(g: Graph):  # three bottleneck tails, one with stride 2, plus a stem and a head
     x = g.relu(g.conv("x", 16, 32, 1))
     x = torch_bottleneck(g, x, 32, 32)
@@ -162,6 +173,8 @@ MODELS = {
     "two_consumers": (two_consumers, (1, 16, 8, 8), 1, 0),
     "grouped": (grouped, (1, 16, 8, 8), 1, 0),
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
+    "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
+    "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),
     "mini_resnet": (mini_resnet, (2, 16, 16, 16), 3, 3),
 }
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 import tvm_b2b
 from tvm_b2b.cli import main
-from tvm_b2b.frontend.model import analyze, compile_model
+from tvm_b2b.frontend.model import analyze, compile_model, conv_names
 from tvm_b2b.target import has_cuda_gpu, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +69,9 @@ def test_activations_and_residual_are_folded_into_the_spec(model_dir):
 
 
 @pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped", "grouped 3x3"),
-                                          ("sigmoid_between", "unsupported op between the convolutions: sigmoid")])
+                                          ("sigmoid_between", "unsupported op between the convolutions: sigmoid"),
+                                          ("grouped_sigmoid", "grouped 3x3 conv (groups=4); unsupported op between the "
+                                                              "convolutions: sigmoid")])
 def test_report_reasons(model_dir, name, reason, capsys):
     assert main(["report", str(model_dir / f"{name}.onnx"), "--json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
@@ -242,3 +244,17 @@ def test_running_a_cuda_model_without_a_gpu_is_one_line(tmp_path, capsys):
     assert main(["run", str(tmp_path / "m.so"), "--input", f"x={tmp_path / 'x.npy'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "compiled for" in err and "this machine has no CUDA GPU to run it on" in err, err
+
+
+def test_report_lists_every_conv_with_its_kernel(model_dir, capsys):
+    assert main(["report", str(model_dir / "mini_resnet.onnx"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    convs = report["convs"]
+    assert [c["name"] for c in convs] == conv_names(onnx.load(model_dir / "mini_resnet.onnx"))
+    assert [c["kernel"] for c in convs] == ["default"] + ["fused-pair"] * 6 + ["default"]
+    assert all(set(c) == {"name", "kernel", "reason"} and c["reason"] for c in convs)
+    paired = {name for p in report["pairs"] for name in (p["conv3x3"], p["conv1x1"])}
+    assert {c["name"] for c in convs if c["kernel"] == "fused-pair"} == paired
+    assert main(["report", str(model_dir / "grouped.onnx"), "--json"]) == 0
+    convs = json.loads(capsys.readouterr().out)["convs"]
+    assert [c["kernel"] for c in convs] == ["default", "default"] and "grouped 3x3" in convs[0]["reason"]

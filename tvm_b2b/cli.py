@@ -123,17 +123,24 @@ def _tune(args) -> int:
 def _report(args) -> int:
     import json
 
-    from .frontend.model import analyze
+    from .frontend.model import analyze, conv_names
+    from .frontend.rewrite import conv_kernels
     from .target import parse_target
 
-    _, pairs, _ = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype)
+    _, pairs, model = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype)
+    convs = conv_kernels(conv_names(model), pairs)
     if args.json:
-        print(json.dumps({"pairs": [p.to_json() for p in pairs]}, indent=1))
+        print(json.dumps({"pairs": [p.to_json() for p in pairs], "convs": convs}, indent=1))
         return 0
     print(f"{len(pairs)} 3x3 -> 1x1 pair(s), {sum(p.fused for p in pairs)} fused (target {args.target})")
     for p in pairs:
         what = f"fused: {p.spec.to_string()}" if p.fused else f"not fused: {p.reason}"
         print(f"  {p.conv3x3} -> {p.conv1x1}: {what}")
+    counts = {kind: sum(c["kernel"] == kind for c in convs) for kind in ("fused-pair", "tensorcore", "default")}
+    print(f"{len(convs)} conv(s): " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    for c in convs:
+        if c["kernel"] != "fused-pair":
+            print(f"  {c['name']}: {c['kernel']}: {c['reason']}")
     return 0
 
 
@@ -147,7 +154,7 @@ def _compile(args) -> int:
     if target.kind.name == "cuda" and dtype is None:
         print("hint: --dtype float16 runs the convolutions on tensor cores; this build keeps float32", file=sys.stderr)
     pairs = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
-                          emit_source=args.emit_source)
+                          emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph)
     print(f"compiled {args.model} -> {args.output} (+ .json) in {time.perf_counter() - start:.1f} s: "
           f"{sum(p.fused for p in pairs)} of {len(pairs)} 3x3 -> 1x1 pair(s) fused")
     if args.emit_source:
@@ -253,6 +260,8 @@ def make_parser() -> argparse.ArgumentParser:
     comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, or a TVM target JSON")
     comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
     comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
+    comp.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch each kernel through the VM instead of "
+                      "replaying the model as one CUDA graph (the default)")
     comp.add_argument("--emit-source", metavar="FILE", help="write the whole model's generated device code (CUDA on cuda "
                       "targets, one translation unit as the GPU compiles it; LLVM IR on CPUs)")
     _db_options(comp)

@@ -242,6 +242,8 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
     # walk on through other elementwise ops to find whether a 3x3 conv feeds this 1x1 at all
     while _op(graph.value.get(src)) in UNARY | AFFINE and _op(graph.value.get(src)) != "relax.nn.conv2d":
         call = graph.value[src]
+        if sum(isinstance(a, relax.Var) for a in call.args) > 1:
+            return None  # a join (a residual add): the chain crosses blocks, it is no pair
         unsupported = unsupported or _op(call).removeprefix("relax.").removeprefix("nn.")
         used_twice = used_twice or not graph.single_use(src)
         src = next((a for a in call.args if isinstance(a, relax.Var)), None)
@@ -252,16 +254,13 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
         return None
     pair = Pair(conv3x3=names[src], conv1x1=names[var2])
     used_twice = used_twice or not graph.single_use(src) or not graph.single_use(conv2.args[0])
-    reason = _conv_problem(conv1, 3) or _conv_problem(conv2, 1)
-    if reason is None and unsupported:
-        reason = f"unsupported op between the convolutions: {unsupported}"
-    if reason is None and used_twice:
-        reason = "the intermediate has another consumer"
     dtype = _dtype(conv2)
-    if reason is None and dtype not in ("float32", "float16"):
-        reason = f"dtype {dtype}"
-    if reason:
-        pair.reason = reason
+    reasons = [_conv_problem(conv1, 3), _conv_problem(conv2, 1),
+               unsupported and f"unsupported op between the convolutions: {unsupported}",
+               used_twice and "the intermediate has another consumer",
+               dtype not in ("float32", "float16") and f"dtype {dtype}"]
+    if any(reasons):
+        pair.reason = "; ".join(r for r in reasons if r)  # every reason, not only the first
         return pair
     s2, b2, last = _affine_forward(graph, var2, k2)
     residual, act2, last = _epilogue(graph, last, _shape(conv2))

@@ -86,6 +86,28 @@ def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = Tr
     return pairs
 
 
+DEFAULT_REASON = "not in a fused pair, and tvm-b2b has no single-convolution kernel yet: TVM's own schedule"
+
+
+def conv_kernels(conv_names: list[str], pairs: list[Pair]) -> list[dict]:
+    """Every conv of the model (ONNX names, graph order) with the kernel it gets: "fused-pair" (one
+    kernel with its partner), "tensorcore" (the template's two tensor-core kernels of a pair that is
+    not fused) or "default" (TVM's own schedule), and why."""
+    kernels = {}
+    for p in pairs:
+        if p.fused:
+            kernel, reason = "fused-pair", f"fused: {p.conv3x3} -> {p.conv1x1}"
+        elif p.kernels is not None:
+            kernel, reason = "tensorcore", p.reason
+        else:
+            continue  # a pair that is not run by our kernels: its convs get the default
+        kernels[p.conv3x3] = kernels[p.conv1x1] = (kernel, reason)
+    reasons = {name: f"{DEFAULT_REASON} (its pair: {p.reason})" for p in pairs if p.kernels is None
+               for name in (p.conv3x3, p.conv1x1)}
+    return [{"name": name, "kernel": kernels.get(name, ("default",))[0],
+             "reason": kernels[name][1] if name in kernels else reasons.get(name, DEFAULT_REASON)} for name in conv_names]
+
+
 def _fusion_loss_reason(spec, target) -> str | None:
     if target.kind.name != "cuda":
         return None
