@@ -1,4 +1,4 @@
-"""Real models for the tests: torchvision networks with random weights, exported to ONNX by torch
+"""Real models for the tests and bench/bench_e2e.py: torchvision networks with random weights, exported to ONNX by torch
 (opset 17, the TorchScript exporter, as users export them), compared with onnxruntime.
 
 The BatchNorm statistics are calibrated on one random batch (train mode, momentum 1), so that each
@@ -18,6 +18,7 @@ MODELS = {
     "resnet50": ("resnet50", {}),
     "resnet_bn": ("ResNet", {"layers": [1, 1, 1, 1], "num_classes": 100}),
     "mobilenet_v2": ("mobilenet_v2", {}),
+    "resnet18": ("resnet18", {}),
 }
 
 
@@ -46,14 +47,20 @@ def _calibrate(net, size: int) -> None:
     net.eval()
 
 
+def calibrated_network(name: str, size: int):
+    """The torchvision network NAME with seeded random weights and calibrated BatchNorm, in eval mode."""
+    net = _network(name)
+    _calibrate(net, size)
+    return net
+
+
 def export(name: str, batch: int, size: int, directory) -> str:
     """DIR/NAME_bBATCH_SIZE.onnx (made once), input 'input' (batch, 3, size, size), output 'output'."""
     import torch
 
     path = os.path.join(str(directory), f"{name}_b{batch}_{size}.onnx")
     if not os.path.exists(path):
-        net = _network(name)
-        _calibrate(net, size)
+        net = calibrated_network(name, size)
         tmp = path + ".tmp.onnx"
         torch.onnx.export(net, torch.zeros(batch, 3, size, size), tmp, opset_version=17, dynamo=False,
                           input_names=["input"], output_names=["output"])

@@ -1,3 +1,6 @@
+import sys
+from pathlib import Path
+
 import pytest
 
 
@@ -10,3 +13,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# onnx_models/: the test models' generators (torchvision_models: real exports), importable by name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "onnx_models"))

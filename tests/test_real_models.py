@@ -6,13 +6,15 @@ Tolerances, as max |tvm - onnxruntime| / max |onnxruntime| over the whole output
 """
 import re
 
+import onnx
 import pytest
 
 import tvm_b2b
 from cuda_source import kernels, nvcc_arches, nvcc_compile
-from torch_models import export, onnxruntime_output, random_image, relative_error
+from torchvision_models import export, onnxruntime_output, random_image, relative_error
 from tvm_b2b.cli import main
-from tvm_b2b.frontend.model import compile_model
+from tvm_b2b.frontend.model import analyze, compile_model, conv_names
+from tvm_b2b.frontend.rewrite import conv_kernels
 from tvm_b2b.target import parse_target
 
 
@@ -34,6 +36,15 @@ def run_against_onnxruntime(path, lib, batch, size) -> float:
 
 # (model, batch, input size, pairs found, pairs fused on the CPU)
 CPU_CASES = [("resnet_bn", 1, 64, 4, 4), ("resnet_bn", 8, 64, 4, 4), ("mobilenet_v2", 1, 224, 17, 0)]
+
+
+def test_resnet18_has_no_pairs(exports):
+    """ResNet-18's blocks are 3x3 -> 3x3: a 3x3 conv's output reaches a 1x1 conv (the next stage's
+    downsample) only through a residual add, which is no pair (it once reported 3 spanning blocks)."""
+    path = exports("resnet18", 1, 64)
+    _, pairs, model = analyze(path, parse_target("llvm"))
+    assert pairs == []
+    assert [c["kernel"] for c in conv_kernels(conv_names(model), pairs)] == ["default"] * 20
 
 
 @pytest.mark.parametrize("name, batch, size, found, fused", CPU_CASES, ids=[f"{c[0]}-b{c[1]}" for c in CPU_CASES])
@@ -75,6 +86,8 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     pairs = compile_model(path, str(tmp_path / "r.so"), parse_target("cuda:sm_90"), dtype="float16",
                           emit_source=str(source_path))
     assert len(pairs) == 16 and sum(p.fused for p in pairs) == 3  # k1 = 64: the fused kernel wins there
+    kinds = [c["kernel"] for c in conv_kernels(conv_names(onnx.load(path)), pairs)]
+    assert (len(kinds), kinds.count("fused-pair"), kinds.count("tensorcore")) == (53, 6, 26)
     if "sm_90" not in nvcc_arches():
         pytest.skip("nvcc here cannot compile for sm_90")
     nvcc_compile(source_path.read_text(), "sm_90", tmp_path)
@@ -90,3 +103,32 @@ def test_torch_export_matches_onnxruntime_on_gpu(exports, tmp_path, name, batch,
     path = exports(name, batch, size)
     compile_model(path, str(tmp_path / "m.so"), parse_target("cuda"), dtype="float16")
     assert run_against_onnxruntime(path, tmp_path / "m.so", batch, size) <= 2e-2
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_gives_the_same_outputs(exports, tmp_path):
+    """On CUDA a model replays its kernels as one CUDA graph (the default): the replay reads each new
+    input (two calls, two inputs) and gives what the same model gives launching each kernel."""
+    path = exports("resnet_bn", 2, 224)
+    for graph in (True, False):
+        compile_model(path, str(tmp_path / f"m{graph}.so"), parse_target("cuda"), dtype="float16", cuda_graph=graph)
+    replayed, launched = tvm_b2b.load(str(tmp_path / "mTrue.so")), tvm_b2b.load(str(tmp_path / "mFalse.so"))
+    assert replayed.meta["cuda_graph"] and not launched.meta["cuda_graph"]
+    for seed in (1, 2):
+        x = random_image(2, 224, seed)
+        got, want = replayed(input=x)["output"], launched(input=x)["output"]
+        assert relative_error(got, want) <= 1e-6, seed
+        assert relative_error(got, onnxruntime_output(path, x)) <= 2e-2, seed
+
+
+def test_cuda_graph_is_built_into_cuda_models(exports, tmp_path):
+    """Build-only: the model's VM code captures and replays a CUDA graph unless told not to."""
+    from tvm_b2b.frontend.model import analyze
+    from tvm_b2b.frontend.rewrite import fuse_pairs
+    from tvm_b2b.kernel import compile_module
+
+    target = parse_target("cuda:sm_90")
+    mod, pairs, _ = analyze(exports("resnet_bn", 1, 64), target, dtype="float16")
+    mod, _ = fuse_pairs(mod, target, pairs)
+    assert "vm.builtin.cuda_graph.run_or_capture" in compile_module(mod, target, cuda_graph=True).as_text()
+    assert "cuda_graph" not in compile_module(mod, target, cuda_graph=False).as_text()
