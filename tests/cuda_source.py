@@ -33,7 +33,7 @@ def compiled_source(funcs, target) -> str:
     """The CUDA of scheduled PrimFuncs compiled together as kernel.build compiles them (our lowering)."""
     import tvm
 
-    from tvm_b2b.kernel import compile_module
+    from tvm_b2b.codegen import compile_module
 
     mod = tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)})
     return compile_module(mod, target).mod.imports[0].inspect_source()

@@ -182,3 +182,21 @@ def test_bad_config_is_a_clear_error():
 def test_cpu_takes_no_config():
     with pytest.raises(ValueError, match="config: the CPU schedule takes no parameters"):
         build(SPECS[1], "llvm", config="m_tile=64")
+
+
+def test_cuda_source_hook_chains_to_a_users_hook():
+    """Our CUDA source rewrite (cp.async through L1) runs after a hook the user registered, which is
+    back in place after the build."""
+    import tvm_ffi
+
+    hook = "tvm_callback_cuda_postproc"
+    assert tvm_ffi.get_global_func(hook, allow_missing=True) is None
+    tvm_ffi.register_global_func(hook, lambda code, _target: code + "\n// the user's hook ran\n")
+    try:
+        target = parse_target("cuda:sm_90")
+        source = compiled_source(scheduled_funcs(SPECS[0], target, True).funcs, target)
+        assert "// the user's hook ran" in source and "cp.async.ca.shared.global" in source
+        assert tvm_ffi.get_global_func(hook)("x", None) == "x\n// the user's hook ran\n"
+    finally:
+        tvm_ffi.remove_global_func(hook)
+    assert tvm_ffi.get_global_func(hook, allow_missing=True) is None

@@ -168,7 +168,7 @@ def test_float16_model_lowers_for_cuda(model_dir, name):
     lowered together with TVM's kernels (the stride-2 model's kernel once failed only there, on the GPU
     machine: TVM 0.27 cannot lower the register epilogue at k2=16; it now takes the staged one)."""
     from tvm_b2b.frontend.rewrite import fuse_pairs
-    from tvm_b2b.kernel import compile_module
+    from tvm_b2b.codegen import compile_module
 
     target = parse_target("cuda:sm_90")
     mod, pairs, _ = analyze(str(model_dir / f"{name}.onnx"), target, dtype="float16", db=None)

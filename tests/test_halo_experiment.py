@@ -12,7 +12,7 @@ import tvm
 from cuda_source import nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec
 from tvm_b2b.op.compute import round_up
-from tvm_b2b.kernel import device_arguments
+from tvm_b2b.op.device import device_arguments
 from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig
 from tvm_b2b.target import parse_target

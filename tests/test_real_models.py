@@ -125,7 +125,7 @@ def test_cuda_graph_is_built_into_cuda_models(exports, tmp_path):
     """Build-only: the model's VM code captures and replays a CUDA graph unless told not to."""
     from tvm_b2b.frontend.model import analyze
     from tvm_b2b.frontend.rewrite import fuse_pairs
-    from tvm_b2b.kernel import compile_module
+    from tvm_b2b.codegen import compile_module
 
     target = parse_target("cuda:sm_90")
     mod, pairs, _ = analyze(exports("resnet_bn", 1, 64), target, dtype="float16")

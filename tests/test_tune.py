@@ -15,7 +15,8 @@ from tvm.s_tir import Schedule
 
 from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
-from tvm_b2b.kernel import compile_module, resolve_config
+from tvm_b2b.codegen import compile_module
+from tvm_b2b.tune.database import resolve_config
 from tvm_b2b.schedule import cuda_wmma
 from tvm_b2b.target import cuda_arch_number, has_cuda_gpu, parse_target
 from tvm_b2b.tune import database, space
@@ -369,7 +370,7 @@ def test_build_worker_compiles_mma_without_tensor_intrin(tmp_path):
     (tmp_path / "mod.json").write_text(tvm.ir.save_json(mod))
     worker = (
         "import sys, tvm\n"
-        "from tvm_b2b.kernel import compile_module\n"
+        "from tvm_b2b.codegen import compile_module\n"
         "from tvm_b2b.schedule.cuda_wmma import register_ldmatrix_index_map\n"
         "from tvm_b2b.target import parse_target\n"
         "register_ldmatrix_index_map()\n"

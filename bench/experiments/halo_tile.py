@@ -46,7 +46,8 @@ from tvm.script import tirx as T  # noqa: E402
 from tvm_b2b import FusedConvSpec  # noqa: E402
 from tvm_b2b.lower import POOL_ATTR  # noqa: E402
 from tvm_b2b.op.compute import _guard, _matmul, _placeholders, activation, round_up  # noqa: E402
-from tvm_b2b.kernel import compile_module, device_arguments  # noqa: E402
+from tvm_b2b.codegen import compile_module  # noqa: E402
+from tvm_b2b.op.device import device_arguments  # noqa: E402
 from tvm_b2b.op.reference import _act, compare, np_dtype, random_inputs, reference  # noqa: E402
 from tvm_b2b.schedule import cuda_wmma  # noqa: E402
 from tvm_b2b.target import cuda_arch_number, parse_target  # noqa: E402

@@ -54,7 +54,7 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults).
     emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs).
     cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static)."""
-    from ..kernel import compile_module, generated_source
+    from ..codegen import compile_module, generated_source
     from .rewrite import fuse_pairs
 
     mod, pairs, model = analyze(path, target, fuse, dtype, db)

@@ -11,7 +11,7 @@ import logging
 from tvm import relax
 
 from ..op.reference import np_dtype
-from ..kernel import resolve_config
+from ..tune.database import resolve_config
 from ..schedule import scheduled_funcs
 from .pairs import Pair, find_pairs
 

@@ -433,7 +433,7 @@ class WmmaFusedSchedule:
         g.init = sch.decompose_reduction(g.outer, g.k_outer)
         if self.pipeline:
             # k_outer's body: the operand copies, then the MMA loop; the copies run `pipeline` steps
-            # ahead (cp.async where the target has it: see kernel.compile_module), which hides L2's
+            # ahead (cp.async where the target has it: see codegen.compile_module), which hides L2's
             # latency when one step's MMAs take less time than a load
             sch.annotate(g.k_outer, "software_pipeline_stage", [0] * g.staged + [self.pipeline])
             sch.annotate(g.k_outer, "software_pipeline_order", list(range(g.staged + 1)))

@@ -323,3 +323,19 @@ def tuned_config(spec, target, directory):
 
     record = best_record(open_database(directory), cuda_wmma.workload(spec), target)
     return config_of(record.trace) if record is not None else None
+
+
+def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="auto"):
+    """The schedule parameters a build uses: the given config, else the tuned one from `db`
+    (CUDA, fused op), else None (the rule's defaults)."""
+    if config is not None or target.kind.name != "cuda" or not fused or not db:
+        return config
+    directory = find_database(target) if db == "auto" else db
+    if directory is None:
+        return None
+    from ..schedule.cuda_wmma import unsupported_reason
+    from ..target import cuda_arch_number
+
+    if unsupported_reason(spec, cuda_arch_number(target)):
+        return None  # the schedule rule reports it
+    return tuned_config(spec, target, directory)

@@ -20,10 +20,10 @@ FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed measurement (it
 
 
 def build_candidate(mod, target, _params=None):
-    """The builder's build function (kernel.compile_module)."""
+    """The builder's build function (codegen.compile_module)."""
     import tvm
 
-    from ..kernel import compile_module
+    from ..codegen import compile_module
     from ..lower import POOL_ATTR
 
     # the candidates are our fused kernels: plan their shared memory as kernel.build does
@@ -52,7 +52,7 @@ class CheckedRun:
         return CheckedRun._cache[key]
 
     def alloc(self, device, _args_info, alloc_repeat: int):
-        from ..kernel import device_arguments
+        from ..op.device import device_arguments
 
         tensors, out = device_arguments(self.spec, self._data()[0], device)
         return [[*tensors.values(), out]] * alloc_repeat

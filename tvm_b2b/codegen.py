@@ -1,0 +1,78 @@
+"""Compilation of scheduled kernels and of whole models: tvm.compile with our lowering pipeline
+(tvm_b2b.lower), our CUDA source rewrites (chained to any hook already registered), and the
+generated source of a build."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import tvm
+import tvm_ffi
+
+from .lower import pass_config, register_pipeline
+
+
+def compile_module(mod, target, cuda_graph: bool = False):
+    """tvm.compile(mod) with our lowering pipeline (tvm_b2b.lower: TVM's, plus the shared-memory
+    planning of our kernels that TVM 0.27 gets wrong). cuda_graph (a Relax module on CUDA): the
+    static part of each function is captured as one CUDA graph on its first run and replayed after
+    (TVM's RewriteCUDAGraph): one launch instead of one per kernel through the VM."""
+    config = pass_config(target)
+    if cuda_graph and target.kind.name == "cuda":
+        config["relax.backend.use_cuda_graph"] = True
+    with tvm.transform.PassContext(config=config), _cuda_source_rewrites(target):
+        return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
+
+
+def generated_source(executable, target) -> str:
+    """The generated device code of a compiled module (a kernel's or a whole model's): the CUDA of
+    every kernel for CUDA targets (one translation unit, as the GPU compiles it), else the LLVM IR."""
+    if target.kind.name == "cuda":
+        return "\n".join(m.inspect_source() for m in _modules(executable.mod) if m.kind == "cuda")
+    return "\n".join(m.inspect_source("ll") for m in _modules(executable.mod) if m.kind == "llvm")
+
+
+def _modules(module):
+    """A runtime module and everything it imports, depth first (a Relax VM executable holds the host
+    library, which holds the device library)."""
+    yield module
+    for imported in module.imports:
+        yield from _modules(imported)
+
+
+# Environment variables that change the generated code (a build is cached per their values)
+CODE_ENV = ("TVM_B2B_CP_ASYNC",)
+
+
+def _rewrite_cuda_source(code: str) -> str:
+    """16-byte cp.async as .ca (through L1) instead of TVM's .cg (L2 only): the nine 3x3 taps read
+    overlapping rows of x, which L1 then serves (H200, N=32 56x56 64->64->128: 54.4 -> 49.6 us,
+    bench/results/h200_s5_1_*); TVM_B2B_CP_ASYNC=cg keeps TVM's, for comparison. (Asking for 4 resident
+    blocks per SM with `__launch_bounds__(threads, 4)` measured slower: 44.5 vs 41.3 us at 64->64->128,
+    bench/results/h200_s7_2_*.)"""
+    if os.environ.get("TVM_B2B_CP_ASYNC") != "cg":
+        code = code.replace("cp.async.cg.shared.global", "cp.async.ca.shared.global")
+    return code
+
+
+@contextlib.contextmanager
+def _cuda_source_rewrites(target):
+    """Applies _rewrite_cuda_source to the CUDA source of builds inside, after any hook that was
+    registered before (a user's own), which is back in place afterwards."""
+    if target.kind.name != "cuda":
+        yield
+        return
+    hook = "tvm_callback_cuda_postproc"  # CUDA codegen's hook on the generated source
+    previous = tvm_ffi.get_global_func(hook, allow_missing=True)
+
+    def chained(code, target_):
+        return _rewrite_cuda_source(previous(code, target_) if previous is not None else code)
+
+    tvm_ffi.register_global_func(hook, chained, override=True)
+    try:
+        yield
+    finally:
+        if previous is None:
+            tvm_ffi.remove_global_func(hook)
+        else:
+            tvm_ffi.register_global_func(hook, previous, override=True)
