@@ -18,7 +18,7 @@ from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.codegen import compile_module
 from tvm_b2b.tune.database import resolve_config
 from tvm_b2b.schedule import cuda_wmma
-from tvm_b2b.target import cuda_arch_number, has_cuda_gpu, parse_target
+from tvm_b2b.target import has_cuda_gpu, parse_target, target_info
 from tvm_b2b.tune import database, space
 from tvm_b2b.tune.tuner import build_candidate, commit_record
 
@@ -264,7 +264,7 @@ def test_tune_measures_resumes_and_build_uses_the_record(tmp_path):
     first = _tune_cli(tmp_path / "db", 2)
     assert "2 trials (2 new)" in first and "trials, best" in first  # the progress line
     default = database.TuningDatabase(tmp_path / "db").records_for(cuda_wmma.workload(SPEC))[0]
-    assert space.config_of(default.trace) == cuda_wmma.default_config(SPEC, cuda_arch_number(parse_target("cuda")))
+    assert space.config_of(default.trace) == cuda_wmma.default_config(SPEC, target_info("cuda").arch)
     assert database.mean_us(default.run_secs) < 1e6  # measured: the default runs on this GPU
     second = _tune_cli(tmp_path / "db", 4)
     assert "4 trials (2 new)" in second

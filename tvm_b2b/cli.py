@@ -15,18 +15,18 @@ class UserError(Exception):
 def _op(args) -> int:
     from . import build
     from .op import FusedConvSpec, compare, random_inputs, reference
-    from .target import NO_GPU, has_cuda_gpu, parse_target
+    from .target import NO_GPU, has_cuda_gpu, parse_target, target_info
 
     spec = FusedConvSpec.parse(args.spec)
     target = parse_target(args.target)
-    if (args.check or args.bench) and target.kind.name == "cuda" and not has_cuda_gpu():
+    if (args.check or args.bench) and target_info(target).is_cuda and not has_cuda_gpu():
         raise UserError(f"--check/--bench run the kernel, and {NO_GPU} (without them, op builds for {args.target} only)")
     start = time.perf_counter()
     kernel = build(spec, target, fused=not args.unfused, config=args.config, db=_db(args))
     print(f"spec    {spec.to_string()}")
     print(f"target  {kernel.target}")
     print(f"build   {time.perf_counter() - start:.2f} s ({'fused, one kernel' if kernel.fused else 'unfused, two kernels'})")
-    if kernel.target.kind.name == "cuda":
+    if target_info(kernel.target).is_cuda:
         used = kernel.config
         origin = "given" if args.config else "tuned record" if used else "defaults"
         text = used if isinstance(used, str) else used.to_string() if used else ""
@@ -82,12 +82,12 @@ def _stderr_to(path: str):
 def _tune(args) -> int:
     from .frontend.model import analyze
     from .op import FusedConvSpec
-    from .target import NO_GPU, has_cuda_gpu, parse_target
+    from .target import NO_GPU, has_cuda_gpu, parse_target, target_info
     from .tune.database import TuningDatabase, record_specs
     from .tune.tuner import tune_spec
 
     target = parse_target(args.target)
-    if target.kind.name != "cuda":
+    if not target_info(target).is_cuda:
         raise UserError("--target: tuning is for CUDA targets (the CPU schedule has no parameters)")
     if args.trials <= 0:
         raise UserError(f"--trials: expected a positive number, got {args.trials}")
@@ -151,7 +151,7 @@ def _compile(args) -> int:
     start = time.perf_counter()
     dtype = None if args.dtype == "float32" else args.dtype
     target = parse_target(args.target)
-    if target.kind.name == "cuda" and dtype is None:
+    if target_info(target).is_cuda and dtype is None:
         print("hint: --dtype float16 runs the convolutions on tensor cores; this build keeps float32", file=sys.stderr)
     pairs = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
                           emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph)

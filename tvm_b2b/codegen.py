@@ -10,6 +10,7 @@ import tvm
 import tvm_ffi
 
 from .lower import pass_config, register_pipeline
+from .target import target_info
 
 
 def compile_module(mod, target, cuda_graph: bool = False):
@@ -18,7 +19,7 @@ def compile_module(mod, target, cuda_graph: bool = False):
     static part of each function is captured as one CUDA graph on its first run and replayed after
     (TVM's RewriteCUDAGraph): one launch instead of one per kernel through the VM."""
     config = pass_config(target)
-    if cuda_graph and target.kind.name == "cuda":
+    if cuda_graph and target_info(target).is_cuda:
         config["relax.backend.use_cuda_graph"] = True
     with tvm.transform.PassContext(config=config), _cuda_source_rewrites(target):
         return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
@@ -27,7 +28,7 @@ def compile_module(mod, target, cuda_graph: bool = False):
 def generated_source(executable, target) -> str:
     """The generated device code of a compiled module (a kernel's or a whole model's): the CUDA of
     every kernel for CUDA targets (one translation unit, as the GPU compiles it), else the LLVM IR."""
-    if target.kind.name == "cuda":
+    if target_info(target).is_cuda:
         return "\n".join(m.inspect_source() for m in _modules(executable.mod) if m.kind == "cuda")
     return "\n".join(m.inspect_source("ll") for m in _modules(executable.mod) if m.kind == "llvm")
 
@@ -59,7 +60,7 @@ def _rewrite_cuda_source(code: str) -> str:
 def _cuda_source_rewrites(target):
     """Applies _rewrite_cuda_source to the CUDA source of builds inside, after any hook that was
     registered before (a user's own), which is back in place afterwards."""
-    if target.kind.name != "cuda":
+    if not target_info(target).is_cuda:
         yield
         return
     hook = "tvm_callback_cuda_postproc"  # CUDA codegen's hook on the generated source

@@ -7,7 +7,7 @@ import numpy as np
 
 from .op.reference import np_dtype
 from .op.spec import FusedConvSpec
-from .target import parse_target
+from .target import parse_target, target_info
 
 
 class FusedKernel:
@@ -53,7 +53,7 @@ class FusedKernel:
     def device(self):
         import tvm
 
-        return tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
+        return tvm.cuda(0) if target_info(self.target).is_cuda else tvm.cpu(0)
 
     def _device_args(self, arrays: dict[str, np.ndarray], dev) -> list[list]:
         """Each kernel's arguments, in run order; the output is the last kernel's last argument.

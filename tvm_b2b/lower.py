@@ -484,9 +484,9 @@ def scheduled_module(funcs) -> tvm.IRModule:
 def pass_config(target) -> dict:
     """The PassContext config of our builds: pipelined copies become cp.async on sm_80+ (zero-filling
     where the im2col gather is out of bounds)."""
-    from .target import cuda_arch_number
+    from .target import target_info
 
-    return {"tirx.use_async_copy": True} if target.kind.name == "cuda" and cuda_arch_number(target) >= 80 else {}
+    return {"tirx.use_async_copy": True} if target_info(target).arch >= 80 else {}
 
 
 def lowering_error(funcs, target) -> str | None:

@@ -1,8 +1,10 @@
-"""Targets as users write them: `llvm`, `cuda` (the local GPU), `cuda:sm_XX`, or a TVM target JSON."""
+"""Targets as users write them (`llvm`, `cuda` (the local GPU), `cuda:sm_XX`, TVM's `cuda -arch=sm_90`
+or `llvm -mcpu=native`, a target JSON) and what our rules need to know of one (TargetInfo)."""
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 _CUDA_ARCH = re.compile(r"^cuda:(sm_\d+a?)$")
 
@@ -30,16 +32,16 @@ NO_GPU = "this machine has no CUDA GPU"
 
 
 def parse_target(text):
-    """A tvm.target.Target from its command-line spelling (or an existing Target, returned as is)."""
+    """A tvm.target.Target from its command-line spelling (or an existing Target, returned as is):
+    llvm, cuda (the local GPU), cuda:sm_XX, TVM's own "KIND -key=value ..." ("cuda -arch=sm_90",
+    "llvm -mcpu=native"), or a target JSON."""
     import tvm
 
+    if isinstance(text, TargetInfo):
+        return text.target
     if isinstance(text, tvm.target.Target):
         return text
     text = str(text).strip()
-    if text == "llvm":
-        return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    if text == "cuda":
-        return cuda_target(local_cuda_arch())
     match = _CUDA_ARCH.match(text)
     if match:
         return cuda_target(match.group(1))
@@ -49,7 +51,58 @@ def parse_target(text):
         except json.JSONDecodeError as err:
             raise ValueError(f"target: not valid JSON ({err.msg})") from None
         return tvm.target.Target(config)
-    raise ValueError(f"target: expected llvm, cuda, cuda:sm_XX or a target JSON, got {text!r}")
+    kind, *options = text.split()
+    if kind in ("llvm", "cuda") and all(o.startswith("-") and "=" in o for o in options):
+        return _from_options(kind, dict(o.lstrip("-").split("=", 1) for o in options))
+    raise ValueError(f"target: expected llvm, cuda, cuda:sm_XX, 'cuda -arch=sm_XX', 'llvm -mcpu=CPU' or a target "
+                     f"JSON, got {text!r}")
+
+
+def _from_options(kind: str, options: dict[str, str]):
+    """The target of TVM's "KIND -key=value" spelling, with our defaults for what it leaves out."""
+    import tvm
+
+    if kind == "cuda":
+        arch = options.pop("arch", None) or local_cuda_arch()
+        if not _CUDA_ARCH.match(f"cuda:{arch}"):
+            raise ValueError(f"target: -arch={arch} is not an sm_XX arch")
+        target = cuda_target(arch)
+        return tvm.target.Target({**target.export(), **options}) if options else target
+    if options.get("mcpu", "native") == "native":
+        options["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
+    return tvm.target.Target({"kind": "llvm", **options})
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What our rules need to know of a target, resolved once (target_info) and passed down."""
+
+    target: object  # the tvm.target.Target
+    kind: str  # "llvm" or "cuda"
+    arch: int  # the CUDA compute capability as a number (90 for sm_90); 0 on CPUs
+    shared_memory: int  # dynamic shared memory per thread block, bytes (0 on CPUs)
+    tensor_cores: str | None  # "mma" (ldmatrix + mma.sync, sm_80+), "wmma" (sm_70+) or None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+
+def target_info(target) -> TargetInfo:
+    """The TargetInfo of a target (any spelling parse_target takes, a Target, or a TargetInfo)."""
+    if isinstance(target, TargetInfo):
+        return target
+    target = parse_target(target)
+    key = str(target)
+    if key not in _INFO:
+        kind = target.kind.name
+        arch = arch_number(str(target.attrs.get("arch", "sm_0"))) if kind == "cuda" else 0
+        cores = None if kind != "cuda" or arch < 70 else "mma" if arch >= 80 else "wmma"
+        _INFO[key] = TargetInfo(target, kind, arch, max_shared_bytes(arch) if kind == "cuda" else 0, cores)
+    return _INFO[key]
+
+
+_INFO: dict[str, TargetInfo] = {}
 
 
 def cuda_target(arch: str):
@@ -79,10 +132,3 @@ def max_shared_bytes(arch: int) -> int:
 def arch_number(arch: str) -> int:
     """80 for 'sm_80' (0 when it holds no number)."""
     return int(re.sub(r"\D", "", arch) or 0)
-
-
-def cuda_arch_number(target) -> int:
-    """80 for sm_80 (0 for a non-CUDA target)."""
-    if target.kind.name != "cuda":
-        return 0
-    return arch_number(str(target.attrs.get("arch", "sm_0")))

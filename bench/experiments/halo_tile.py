@@ -50,7 +50,7 @@ from tvm_b2b.codegen import compile_module  # noqa: E402
 from tvm_b2b.op.device import device_arguments  # noqa: E402
 from tvm_b2b.op.reference import _act, compare, np_dtype, random_inputs, reference  # noqa: E402
 from tvm_b2b.schedule import cuda_wmma  # noqa: E402
-from tvm_b2b.target import cuda_arch_number, parse_target  # noqa: E402
+from tvm_b2b.target import parse_target, target_info  # noqa: E402
 
 ROWSHIFT_LDMATRIX = "tvm_b2b_ldmatrix_f16_a_rowshift_dyn"
 STAGE1 = ("x", "w1", "s1", "b1")  # the stage-1 kernel's inputs, in order
@@ -235,7 +235,7 @@ def build_halo(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bo
     """The halo kernel's executable: stage 1 alone, or the whole op."""
     tvm.s_tir.TensorIntrin.register(ROWSHIFT_LDMATRIX, *_ldmatrix_a(offset_factor=8), override=True)
     func = halo_fused(spec, cfg.m_tile) if fused else halo_stage1(spec, cfg.m_tile)
-    halo = HaloSchedule(s_tir.Schedule(func), spec, cfg, cuda_arch_number(target)).run().mod["main"]
+    halo = HaloSchedule(s_tir.Schedule(func), spec, cfg, target_info(target).arch).run().mod["main"]
     return _compile(halo, target)
 
 

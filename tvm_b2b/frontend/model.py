@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from ..target import NO_GPU, has_cuda_gpu
+from ..target import NO_GPU, has_cuda_gpu, target_info
 from .normalize import ModelError, import_model, load_onnx
 
 
@@ -65,8 +65,9 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
             f.write(generated_source(executable, target))
     executable.export_library(out)
     inputs, outputs = onnx_signature(model)
-    meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": target.kind.name, "dtype": dtype or "float32",
-            "cuda_graph": bool(cuda_graph and target.kind.name == "cuda"), "pairs": [p.to_json() for p in pairs]}
+    info = target_info(target)
+    meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": info.kind, "dtype": dtype or "float32",
+            "cuda_graph": bool(cuda_graph and info.is_cuda), "pairs": [p.to_json() for p in pairs]}
     tmp = out + ".json.tmp"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)

@@ -11,6 +11,7 @@ import logging
 from tvm import relax
 
 from ..op.reference import np_dtype
+from ..target import target_info
 from ..tune.database import resolve_config
 from ..schedule import scheduled_funcs
 from .pairs import Pair, find_pairs
@@ -109,7 +110,7 @@ def conv_kernels(conv_names: list[str], pairs: list[Pair]) -> list[dict]:
 
 
 def _fusion_loss_reason(spec, target) -> str | None:
-    if target.kind.name != "cuda":
+    if not target_info(target).is_cuda:
         return None
     from ..schedule.cuda_wmma import fusion_loss_reason
 

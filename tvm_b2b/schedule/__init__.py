@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..op.spec import FusedConvSpec
+from ..target import target_info
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Kernels:
 
 def scheduled_funcs(spec: FusedConvSpec, target, fused: bool = True, config=None) -> Kernels:
     """The op's kernels for `target`; `config` is the rule's parameter set (None: defaults)."""
-    kind = target.kind.name
+    kind = target_info(target).kind
     if kind == "llvm":
         from . import cpu
 

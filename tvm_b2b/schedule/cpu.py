@@ -9,6 +9,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from ..op.compute import fused_prim_func, unfused_prim_funcs
+from ..target import target_info
 from .common import has_block, vector_lanes
 
 PIXELS_PER_TILE = 16
@@ -80,7 +81,7 @@ def schedule_cpu(func) -> s_tir.Schedule:
 
 def apply(func, target) -> s_tir.Schedule | None:
     """dlight-style entry: a schedule for llvm targets, None for any other."""
-    if target.kind.name != "llvm":
+    if target_info(target).kind != "llvm":
         return None
     return schedule_cpu(func)
 

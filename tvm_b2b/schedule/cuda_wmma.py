@@ -29,7 +29,7 @@ from tvm import s_tir
 
 from ..op.compute import fused_prim_func, padded_extents, round_up, unfused_prim_funcs
 from ..op.spec import FusedConvSpec
-from ..target import cuda_arch_number, max_shared_bytes
+from ..target import max_shared_bytes, target_info
 from .common import has_block, vector_lanes
 
 log = logging.getLogger(__name__)
@@ -508,7 +508,7 @@ def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | 
     exceeds the target's."""
     from . import Kernels
 
-    arch = cuda_arch_number(target)
+    arch = target_info(target).arch
     reason = unsupported_reason(spec, arch)
     if reason:
         raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
@@ -539,7 +539,7 @@ def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target) -> 
     and what the tuner measures as the default both come from here."""
     from ..lower import error_line, lowering_error
 
-    arch, error = cuda_arch_number(target), None
+    arch, error = target_info(target).arch, None
     try:
         schedules = [WmmaFusedSchedule(s_tir.Schedule(f), spec, cfg, arch).run() for f in funcs]
         if cfg.epilogue:

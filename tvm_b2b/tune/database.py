@@ -18,6 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 from ..op.spec import FusedConvSpec
+from ..target import target_info
 
 log = logging.getLogger(__name__)
 
@@ -230,9 +231,10 @@ def find_database(target) -> Path | None:
     """The shipped database for `target`: the local GPU's when this machine has one (another GPU's
     records are never used, even of the same arch); when cross-building with no GPU here, the one
     database of the target's arch, if exactly one exists."""
-    if target.kind.name != "cuda":
+    info = target_info(target)
+    if not info.is_cuda:
         return None
-    arch = str(target.attrs.get("arch", ""))
+    arch = f"sm_{info.arch}"
     root = schedules_root()
     local = local_gpu_name()
     if local:
@@ -328,14 +330,14 @@ def tuned_config(spec, target, directory):
 def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="auto"):
     """The schedule parameters a build uses: the given config, else the tuned one from `db`
     (CUDA, fused op), else None (the rule's defaults)."""
-    if config is not None or target.kind.name != "cuda" or not fused or not db:
+    info = target_info(target)
+    if config is not None or not info.is_cuda or not fused or not db:
         return config
     directory = find_database(target) if db == "auto" else db
     if directory is None:
         return None
     from ..schedule.cuda_wmma import unsupported_reason
-    from ..target import cuda_arch_number
 
-    if unsupported_reason(spec, cuda_arch_number(target)):
+    if unsupported_reason(spec, info.arch):
         return None  # the schedule rule reports it
     return tuned_config(spec, target, directory)

@@ -12,7 +12,7 @@ from tvm.ir.utils import derived_object
 
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
-from ..target import cuda_arch_number
+from ..target import target_info
 from .database import TuningDatabase, best_record, mean_us
 from .space import config_of, design_space
 
@@ -147,7 +147,7 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
             mod, target, work_dir, max_trials_global=batch, num_trials_per_iter=batch,
-            space=design_space(spec, cuda_arch_number(target)), database=database, cost_model=cost_model,
+            space=design_space(spec, target_info(target).arch), database=database, cost_model=cost_model,
             strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
             builder=builder, runner=runner,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), ProgressCallback(progress)],
@@ -169,7 +169,7 @@ def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, build
     the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
     import shutil
 
-    arch = cuda_arch_number(target)
+    arch = target_info(target).arch
     cfg = cuda_wmma.default_config(spec, arch)
     if not cuda_wmma.fits_shared_memory(spec, cfg, arch):
         return []  # not a fused kernel on this GPU: nothing to compare with
