@@ -206,8 +206,17 @@ class TuningDatabase(ms.database.PyDatabase):
 
 # -- which database, which record -------------------------------------------------------------
 def schedules_root() -> Path:
-    """Where the shipped databases live: $TVM_B2B_SCHEDULES, else the checkout's schedules/."""
-    return Path(os.environ.get("TVM_B2B_SCHEDULES", Path(__file__).resolve().parents[2] / "schedules"))
+    """Where the shipped databases live: $TVM_B2B_SCHEDULES, else the installed package data
+    tvm_b2b.schedules (pyproject.toml maps the top-level schedules/ there), else, in a checkout or
+    an editable install, the checkout's schedules/."""
+    if "TVM_B2B_SCHEDULES" in os.environ:
+        return Path(os.environ["TVM_B2B_SCHEDULES"])
+    from importlib.util import find_spec
+
+    data = find_spec("tvm_b2b.schedules")  # a data directory: a namespace package, found by its path
+    if data is not None and data.submodule_search_locations:
+        return Path(list(data.submodule_search_locations)[0])
+    return Path(__file__).resolve().parents[2] / "schedules"
 
 
 def gpu_slug(device_name: str) -> str:
