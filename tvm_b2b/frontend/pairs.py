@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import relax
 
+from ..op.activation import match_activation
 from ..op.spec import FusedConvSpec
 
 AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
@@ -33,7 +34,7 @@ class Pair:
     residual: object = None  # the residual's Relax expression, when there is one
     last: object = None  # the Var whose binding the fused op replaces
     params: dict = field(default_factory=dict)  # w1 HWIO, s1, b1, w2 (k1, k2), s2, b2 as float32
-    kernels: object = None  # the target's schedule.Kernels, once planned
+    plan: object = None  # the target's schedule.Plan (its kernels, fused or two), once planned
 
     def to_json(self) -> dict:
         return {"conv3x3": self.conv3x3, "conv1x1": self.conv1x1, "fused": self.fused, "reason": self.reason}
@@ -112,25 +113,9 @@ def _conv_problem(call, kernel: int) -> str | None:
 
 
 def _activation(graph: _Graph, var):
-    """(act name, input var) when var is relu/relu6 of its input, else (None, var)."""
-    call = graph.value.get(var)
-    op = _op(call)
-    if op == "relax.nn.relu":
-        return "relu", call.args[0]
-    if op == "relax.clip" and float(call.args[1].value) == 0.0 and float(call.args[2].value) == 6.0:
-        return "relu6", call.args[0]
-    if op == "relax.minimum" and _scalar(call.args[1]) == 6.0:
-        inner = graph.value.get(call.args[0])
-        if _op(inner) == "relax.maximum" and _scalar(inner.args[1]) == 0.0 and graph.single_use(call.args[0]):
-            return "relu6", inner.args[0]
-    if op == "relax.maximum" and _scalar(call.args[1]) == 0.0:
-        return "relu", call.args[0]
-    return None, var
-
-
-def _scalar(expr):
-    value = _const(expr)
-    return float(value) if value is not None and value.size == 1 else None
+    """(act name, input var) when var is an activation (op.activation's table) of its input, else (None, var)."""
+    name, source = match_activation(graph.value.get(var), graph.value.get, graph.single_use)
+    return (name, source) if name else (None, var)
 
 
 def _affine_step(call, var, channels: int):

@@ -12,18 +12,12 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from .activation import activation as act
 from .spec import FusedConvSpec
 
 def activation(value, name: str):
-    """act(value) on a float32 expression."""
-    zero = tirx.const(0.0, "float32")
-    if name == "relu":
-        return te.max(value, zero)
-    if name == "relu6":
-        return te.min(te.max(value, zero), tirx.const(6.0, "float32"))
-    if name == "none":
-        return value
-    raise ValueError(f"activation: unknown {name!r}")
+    """act(value) on a float32 expression (op.activation's table)."""
+    return act(name).te(value)
 
 
 def pixel(spec: FusedConvSpec, m):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .activation import activation
 from .spec import FusedConvSpec
 
 
@@ -16,11 +17,7 @@ def np_dtype(name: str) -> np.dtype:
 
 
 def _act(v: np.ndarray, name: str) -> np.ndarray:
-    if name == "relu":
-        return np.maximum(v, 0.0)
-    if name == "relu6":
-        return np.clip(v, 0.0, 6.0)
-    return v
+    return activation(name).numpy(v)
 
 
 def reference(spec: FusedConvSpec, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-ACTIVATIONS = ("relu", "relu6", "none")
+from .activation import ACTIVATIONS as _TABLE
+
+ACTIVATIONS = tuple(_TABLE)  # the names of op.activation's table
 DTYPES = ("float16", "bfloat16", "float32")
 STRIDES = (1, 2)
 SIZE_FIELDS = ("n", "h", "w", "c", "k1", "k2")
