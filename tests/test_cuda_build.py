@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from cuda_source import compiled_source, kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
-from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs
+from tvm_b2b.schedule import plan
+from tvm_b2b.schedule.cuda_wmma import WmmaConfig
 from tvm_b2b.target import parse_target
 
 ARCHES = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
@@ -95,7 +96,7 @@ def test_register_epilogue_falls_back_where_tvm_cannot_lower_it(spec, fused, cap
     target = parse_target("cuda:sm_90")
     spec = FusedConvSpec.parse(spec + ",dtype=float16")
     with caplog.at_level("WARNING"):
-        funcs = scheduled_funcs(spec, target, fused, WmmaConfig.parse("m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2")).funcs
+        funcs = plan(spec, target, fused, WmmaConfig.parse("m_tile=32,k_tile=64,pipeline=1,mma=1,epilogue=2")).kernels
     assert "epilogue=2 does not build for this shape" in caplog.text
     source = compiled_source(funcs, target)
     assert "mma.sync" in source and "*(uint4*)(out_ptr + " not in source  # staged: no fp16 output tile
@@ -115,8 +116,9 @@ def test_staged_fallback_that_outgrows_shared_memory_runs_as_two_kernels(monkeyp
     assert cuda_wmma.shared_bytes(spec, WmmaConfig.parse("m_tile=32,k_tile=64,pipeline=1,mma=1")) > just_enough
     monkeypatch.setattr(cuda_wmma, "max_shared_bytes", lambda arch: just_enough)
     with caplog.at_level("WARNING"):
-        kernels = scheduled_funcs(spec, parse_target("cuda:sm_90"), True, cfg)
-    assert len(kernels.funcs) == 2 and kernels.mid_shape is not None
+        planned = plan(spec, parse_target("cuda:sm_90"), True, cfg)
+    assert not planned.fused and len(planned.kernels) == 2 and planned.mid_shape is not None
+    assert planned.reason.startswith("too large for shared memory")
     assert "epilogue=2 does not build" in caplog.text and "not fused" in caplog.text
 
 
@@ -167,7 +169,7 @@ def test_mma_needs_sm80():
 def test_formerly_unbuildable_configs_build(spec, config, local_arches, tmp_path):
     target = parse_target("cuda:sm_90")
     cfg = WmmaConfig.parse(config)
-    funcs = scheduled_funcs(spec, target, True, cfg).funcs
+    funcs = plan(spec, target, True, cfg).kernels
     source = compiled_source(funcs, target)
     assert len(kernels(source)) == len(funcs) and source.count("extern __shared__") == len(funcs)
     if "sm_90" in local_arches:
@@ -194,7 +196,7 @@ def test_cuda_source_hook_chains_to_a_users_hook():
     tvm_ffi.register_global_func(hook, lambda code, _target: code + "\n// the user's hook ran\n")
     try:
         target = parse_target("cuda:sm_90")
-        source = compiled_source(scheduled_funcs(SPECS[0], target, True).funcs, target)
+        source = compiled_source(plan(SPECS[0], target, True).kernels, target)
         assert "// the user's hook ran" in source and "cp.async.ca.shared.global" in source
         assert tvm_ffi.get_global_func(hook)("x", None) == "x\n// the user's hook ran\n"
     finally:

@@ -14,7 +14,8 @@ from cuda_source import compiled_source, kernels
 from tvm_b2b import FusedConvSpec
 from tvm import tirx
 from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, _bytes, hoist_loop_syncs, is_pool, plan_offsets, register_pipeline
-from tvm_b2b.schedule.cuda_wmma import WmmaConfig, scheduled_funcs, shared_bytes
+from tvm_b2b.schedule import plan
+from tvm_b2b.schedule.cuda_wmma import WmmaConfig, shared_bytes
 from tvm_b2b.target import parse_target
 
 SPEC = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16")
@@ -59,7 +60,7 @@ def _pass_names(mod, target, pipeline):
 def test_pipeline_is_tvms_plus_ours():
     """Our pipeline copies TVM 0.27's pass list: this fails when a TVM update changes it."""
     target = parse_target("cuda:sm_90")
-    func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]  # a config TVM alone builds
+    func = plan(SPEC, target, True, WmmaConfig()).kernels[0]  # a config TVM alone builds
     mod = tvm.IRModule({"main": func.with_attr("tirx.is_scheduled", True)})
     ours = _pass_names(mod, target, register_pipeline())
     assert OURS <= set(ours)
@@ -69,7 +70,7 @@ def test_pipeline_is_tvms_plus_ours():
 
 def test_fused_kernel_has_one_shared_pool():
     target = parse_target("cuda:sm_90")
-    func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]
+    func = plan(SPEC, target, True, WmmaConfig()).kernels[0]
     source = compiled_source([func], target)
     assert len(kernels(source)) == 1
     assert source.count("extern __shared__") == 1 and "b2b_shared_pool" in source
@@ -102,7 +103,7 @@ def test_shared_bytes_bounds_the_planned_pool(spec, config):
                          for a in _allocations(f.body, is_pool)]
                 (planned if info.name.startswith("tvm_b2b.") else launched).extend(_bytes(s.buffer) for s in pools)
 
-    func = scheduled_funcs(spec, target, True, cfg).funcs[0]
+    func = plan(spec, target, True, cfg).kernels[0]
     with tvm.transform.PassContext(config={"tirx.use_async_copy": True}, instruments=[Grab()]):
         tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=register_pipeline())
     assert len(planned) == 1 and 0 < planned[0] <= shared_bytes(spec, cfg)
@@ -116,7 +117,7 @@ def test_every_mma_fragment_is_lowered_to_registers(fused):
     operand a 512-element one. With LowerAllWarpMemory: 8 registers per 16x16 fragment and thread."""
     target = parse_target("cuda:sm_90")
     cfg = WmmaConfig.parse("mma=1")
-    funcs = scheduled_funcs(SPEC, target, fused, cfg).funcs
+    funcs = plan(SPEC, target, fused, cfg).kernels
     source = compiled_source(funcs, target)
     sizes = {name: int(n) for name, n in re.findall(r"(?:float|half) (\w+_warp_ptr)\[(\d+)\]", source)}
     assert sizes and all(n <= 32 for n in sizes.values()), sizes
@@ -176,7 +177,7 @@ def test_fused_epilogue_loops_have_no_barrier_per_iteration():
     """ThreadSync alone puts a barrier in every iteration of conv1's epilogue (it sees the pool as one
     buffer); HoistLoopSyncs proves the accumulator reads and `mid` writes disjoint and moves it out."""
     target = parse_target("cuda:sm_90")
-    func = scheduled_funcs(SPEC, target, True, WmmaConfig()).funcs[0]
+    func = plan(SPEC, target, True, WmmaConfig()).kernels[0]
     source = compiled_source([func], target)
     loops = source.split("for (")[1:]  # each loop's header and body, up to the next loop
     epilogue = [body for body in loops if "s1_ptr" in body]  # conv1's epilogue scales by s1
@@ -190,7 +191,7 @@ def test_register_epilogue_has_no_fp32_staging(tmp_path):
     from tvm_b2b.schedule import cuda_wmma
 
     target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("mma=1,epilogue=1,pipeline=1")
-    source = compiled_source(scheduled_funcs(SPEC, target, True, cfg).funcs, target)
+    source = compiled_source(plan(SPEC, target, True, cfg).kernels, target)
     assert "half b2b_shared_pool_float16_ptr[]" in source and "(float*)b2b_shared_pool" not in source
     assert re.search(r"mid_ptr\[|b2b_shared_pool_float16_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv1_warp_ptr\[", source)
     assert re.search(r"out_ptr\[[^=]*\] = \(\(half\)max\(\(\(conv2_warp_ptr\[", source)
@@ -205,8 +206,8 @@ def test_staged_output_epilogue_stores_128_bits(tmp_path):
     from cuda_source import nvcc_arches, nvcc_compile
 
     target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
-    fused = compiled_source(scheduled_funcs(SPEC, target, True, cfg).funcs, target)
-    unfused = compiled_source(scheduled_funcs(SPEC, target, False, cfg).funcs, target)
+    fused = compiled_source(plan(SPEC, target, True, cfg).kernels, target)
+    unfused = compiled_source(plan(SPEC, target, False, cfg).kernels, target)
     for source, name in ((fused, "out"), (unfused, "out"), (unfused, "mid")):
         assert f"*(uint4*)({name}_ptr + " in source and not re.search(rf"\b{name}_ptr\[[^\]]*\] = ", source)
     assert "half b2b_shared_pool_float16_ptr[]" in fused and "(float*)b2b_shared_pool" not in fused
@@ -222,9 +223,9 @@ def test_register_epilogue_loads_the_residual_tile_with_128_bits(fused, tmp_path
     from cuda_source import nvcc_arches, nvcc_compile
 
     target, cfg = parse_target("cuda:sm_90"), WmmaConfig.parse("m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2")
-    tiled = compiled_source(scheduled_funcs(BOTTLENECK, target, fused, cfg).funcs, target)
+    tiled = compiled_source(plan(BOTTLENECK, target, fused, cfg).kernels, target)
     assert "= *(uint4*)(residual_ptr + " in tiled and "residual_ptr[" not in tiled
-    staged = compiled_source(scheduled_funcs(BOTTLENECK, target, fused, dataclasses.replace(cfg, epilogue=0)).funcs, target)
+    staged = compiled_source(plan(BOTTLENECK, target, fused, dataclasses.replace(cfg, epilogue=0)).kernels, target)
     assert "= *(half4*)(residual_ptr + " in staged  # 64-bit loads, no tile
     if "sm_90" in nvcc_arches():
         nvcc_compile(tiled, "sm_90", tmp_path)
@@ -236,7 +237,7 @@ def test_accumulator_staging_rows_are_padded(mma):
     fused kernel's time on the H200): the staging rows are 68 floats. tensorize drops the block's
     storage_align, so the schedule sets it again after tensorizing."""
     target = parse_target("cuda:sm_90")
-    funcs = scheduled_funcs(SPEC, target, True, WmmaConfig(mma=mma, pipeline=1)).funcs
+    funcs = plan(SPEC, target, True, WmmaConfig(mma=mma, pipeline=1)).kernels
     source = compiled_source(funcs[:1], target)
     if mma:
         assert re.search(r"\* 68\) \+ \(\(\(\(local_id / 4\) \* 8\)", source)
@@ -249,7 +250,7 @@ def test_async_copies_go_through_l1(monkeypatch):
     """The nine 3x3 taps read overlapping rows of x: cp.async .ca lets L1 serve them (TVM emits .cg,
     L2 only); TVM_B2B_CP_ASYNC=cg keeps TVM's form."""
     target = parse_target("cuda:sm_90")
-    funcs = scheduled_funcs(SPEC, target, True, WmmaConfig(pipeline=1, mma=1)).funcs
+    funcs = plan(SPEC, target, True, WmmaConfig(pipeline=1, mma=1)).kernels
     source = compiled_source(funcs, target)
     assert "cp.async.ca.shared.global" in source and "cp.async.cg" not in source
     monkeypatch.setenv("TVM_B2B_CP_ASYNC", "cg")

@@ -19,7 +19,7 @@ from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.codegen import compile_module
 from tvm_b2b.tune.database import resolve_config
-from tvm_b2b.schedule import cuda_wmma
+from tvm_b2b.schedule import cuda_wmma, plan
 from tvm_b2b.target import has_cuda_gpu, parse_target, target_info
 from tvm_b2b.tune import database, space
 from tvm_b2b.tune.tuner import build_candidate, commit_record
@@ -366,7 +366,7 @@ def test_build_worker_compiles_mma_without_tensor_intrin(tmp_path):
     """The tuner's build workers never import tensor_intrin (15-60 s each): they register the
     ldmatrix index map themselves, and the CUDA is the same as in a process that imported it."""
     target = parse_target("cuda:sm_90")
-    func = cuda_wmma.scheduled_funcs(SPEC, target, False, cuda_wmma.WmmaConfig.parse("mma=1,m_tile=32")).funcs[0]
+    func = plan(SPEC, target, False, cuda_wmma.WmmaConfig.parse("mma=1,m_tile=32")).kernels[0]
     mod = tvm.IRModule({"main": func})
     here = compile_module(mod, target).mod.imports[0].inspect_source()
     (tmp_path / "mod.json").write_text(tvm.ir.save_json(mod))
@@ -391,7 +391,7 @@ def test_checked_run_rejects_a_wrong_result():
     from tvm_b2b.schedule import cpu
     from tvm_b2b.tune.tuner import CheckedRun
 
-    func = cpu.scheduled_funcs(SPEC, True).funcs[0].with_attr("global_symbol", "main")
+    func = cpu.RULE.plan(SPEC, target_info("llvm")).kernels[0].with_attr("global_symbol", "main")
     rt_mod = tvm.compile(tvm.IRModule({"main": func.with_attr("tirx.is_scheduled", True)}), target="llvm").mod
     checked, dev = CheckedRun(SPEC), tvm.cpu(0)
     config = ms.runner.EvaluatorConfig(number=1, repeat=1, min_repeat_ms=0, enable_cpu_cache_flush=False)
@@ -433,3 +433,37 @@ def test_installed_package_finds_the_shipped_records(tmp_path):
     module, found = run.stdout.split()
     site = str(tmp_path / "site")
     assert module.startswith(site) and found == str(tmp_path / "site" / "tvm_b2b" / "schedules" / "nvidia-h200-sm_90")
+
+
+def _without_config_annotations(trace):
+    """The trace as tvm-b2b wrote it before schedules recorded their config (no root annotations)."""
+    from tvm.s_tir.schedule import Trace
+
+    insts = [i for i in trace.insts
+             if not (i.kind.name == "Annotate" and str(i.attrs[0]).startswith(cuda_wmma.CONFIG_ANNOTATION))]
+    return Trace(insts, {i: trace.decisions[i] for i in insts if i in trace.decisions})
+
+
+def test_old_records_are_not_misread_and_migrate(tmp_path, caplog):
+    """A record without the config annotations is not guessed at (config_of: None, a logged hint); the
+    migration tool reads it the old way and rewrites it with them, keeping its run times."""
+    import importlib.util
+
+    target = parse_target("cuda:sm_90")
+    mod = cuda_wmma.workload(SPEC)
+    sch = cuda_wmma.WmmaFusedSchedule(Schedule(mod), SPEC, FAST, 90).run()
+    old = _without_config_annotations(sch.trace)
+    assert cuda_wmma.config_of(sch.trace) == FAST and cuda_wmma.config_of(old) is None
+    db = database.TuningDatabase(tmp_path / "old")
+    commit_record(db, mod, old, target, [3e-5])
+    database.record_specs(tmp_path / "old", [SPEC])
+    with caplog.at_level("WARNING"):
+        assert resolve_config(SPEC, target, True, None, tmp_path / "old") is None
+    assert "predates the config annotations" in caplog.text
+    path = Path(__file__).resolve().parents[1] / "bench" / "migrate_records.py"
+    spec = importlib.util.spec_from_file_location("migrate_records", path)
+    migrate_records = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migrate_records)
+    assert migrate_records.migrate(tmp_path / "old") == 1
+    (record,) = database.TuningDatabase(tmp_path / "old").records_for(mod)
+    assert cuda_wmma.config_of(record.trace) == FAST and [float(s) for s in record.run_secs] == [3e-5]

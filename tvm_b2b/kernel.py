@@ -14,13 +14,15 @@ class FusedKernel:
     """A compiled fused op. Call it with numpy arrays (x, w1, s1, b1, w2, s2, b2[, residual]);
     it returns y (n, ho, wo, k2) as numpy."""
 
-    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str], mid_shape=None, config=None):
+    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str], mid_shape=None, config=None,
+                 fused: bool = True):
         self.spec = spec
         self.target = target
         self.executable = executable
         self.func_names = func_names  # one (fused) or two (unfused stages) kernels, run in order
         self.mid_shape = mid_shape  # the intermediate's global buffer when unfused (may be padded)
         self.config = config  # the schedule parameters it was built with (None: the rule's defaults)
+        self.fused = fused  # one kernel for the whole op (the schedule rule's plan decided)
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:
@@ -94,9 +96,6 @@ class FusedKernel:
 
         return generated_source(self.executable, self.target)
 
-    @property
-    def fused(self) -> bool:
-        return len(self.func_names) == 1
 
 
 def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, db="auto") -> FusedKernel:
@@ -124,8 +123,9 @@ _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them wi
 def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     from .codegen import compile_module
     from .lower import scheduled_module
-    from .schedule import scheduled_funcs
+    from .schedule import plan
 
-    kernels = scheduled_funcs(spec, target, fused, config)
-    names = [str(f.attrs["global_symbol"]) for f in kernels.funcs]
-    return FusedKernel(spec, target, compile_module(scheduled_module(kernels.funcs), target), names, kernels.mid_shape, config)
+    planned = plan(spec, target, fused, config)
+    names = [str(f.attrs["global_symbol"]) for f in planned.kernels]
+    return FusedKernel(spec, target, compile_module(scheduled_module(planned.kernels), target), names, planned.mid_shape, config,
+                       planned.fused)

@@ -49,7 +49,7 @@ from tvm_b2b.op.compute import _guard, _matmul, _placeholders, activation, round
 from tvm_b2b.codegen import compile_module  # noqa: E402
 from tvm_b2b.op.device import device_arguments  # noqa: E402
 from tvm_b2b.op.reference import _act, compare, np_dtype, random_inputs, reference  # noqa: E402
-from tvm_b2b.schedule import cuda_wmma  # noqa: E402
+from tvm_b2b.schedule import cuda_wmma, plan  # noqa: E402
 from tvm_b2b.target import parse_target, target_info  # noqa: E402
 
 ROWSHIFT_LDMATRIX = "tvm_b2b_ldmatrix_f16_a_rowshift_dyn"
@@ -241,7 +241,7 @@ def build_halo(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bo
 
 def build_template(spec: FusedConvSpec, cfg: cuda_wmma.WmmaConfig, target, fused: bool = False):
     """The product template's executable with the same tiles (what the halo kernel is timed against)."""
-    return _compile(cuda_wmma.scheduled_funcs(spec, target, fused, cfg).funcs[0], target)
+    return _compile(plan(spec, target, fused, cfg).kernels[0], target)
 
 
 def _compile(func, target):

@@ -11,9 +11,8 @@ import logging
 from tvm import relax
 
 from ..op.reference import np_dtype
-from ..target import target_info
 from ..tune.database import resolve_config
-from ..schedule import scheduled_funcs
+from ..schedule import plan as schedule_plan
 from .pairs import Pair, find_pairs
 
 log = logging.getLogger("tvm_b2b")
@@ -35,7 +34,7 @@ class _PairRewriter(relax.PyExprMutator):
         self.set_var_remap(binding.var, emit(value))
 
     def _fused_call(self, pair: Pair):
-        spec, kernels, bb = pair.spec, pair.kernels, self.builder_
+        spec, planned, bb = pair.spec, pair.plan, self.builder_
         dt = np_dtype(spec.dtype)
         p = pair.params
         consts = [relax.const(p["w1"].astype(dt)), relax.const(p["s1"]), relax.const(p["b1"])]
@@ -45,16 +44,16 @@ class _PairRewriter(relax.PyExprMutator):
         if pair.residual is not None:
             stage2.append(bb.emit(relax.op.reshape(cast(self.visit_expr(pair.residual)), (spec.m, spec.k2))))
         gvars = []
-        for func in kernels.funcs:
+        for func in planned.kernels:
             name = f"{func.attrs['global_symbol']}_{self.count}"
             gvars.append(bb.add_func(func.with_attr("global_symbol", name).with_attr("tirx.is_scheduled", True), name))
         self.count += 1
         out_ty = relax.TensorType((spec.m, spec.k2), spec.dtype)
         x = cast(self.visit_expr(pair.x))
-        if len(gvars) == 1:
+        if planned.fused:
             y = bb.emit(relax.call_tir(gvars[0], [x, *consts, *stage2], out_ty=out_ty))
         else:
-            mid = bb.emit(relax.call_tir(gvars[0], [x, *consts], out_ty=relax.TensorType(kernels.mid_shape, spec.dtype)))
+            mid = bb.emit(relax.call_tir(gvars[0], [x, *consts], out_ty=relax.TensorType(planned.mid_shape, spec.dtype)))
             y = bb.emit(relax.call_tir(gvars[1], [mid, *stage2], out_ty=out_ty))
         y = relax.op.reshape(y, spec.out_shape)
         return relax.op.astype(bb.emit(y), model_dtype) if model_dtype != spec.dtype else y
@@ -74,16 +73,13 @@ def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = Tr
         if dtype and dtype != pair.spec.dtype:
             pair.spec = dataclasses.replace(pair.spec, dtype=dtype)
         try:
-            slower = _fusion_loss_reason(pair.spec, target)
-            config = None if slower else resolve_config(pair.spec, target, True, None, db)
-            pair.kernels = scheduled_funcs(pair.spec, target, not slower, config)
+            config = resolve_config(pair.spec, target, True, None, db)
+            pair.plan = schedule_plan(pair.spec, target, True, config, policy=True)  # the rule decides what fuses
         except ValueError as err:
             pair.fused, pair.reason = False, str(err).removeprefix("target: ")
             continue
-        if slower:
-            pair.fused, pair.reason = False, f"{slower}; runs as two tensor-core kernels"
-        elif len(pair.kernels.funcs) == 2:
-            pair.fused, pair.reason = False, "too large for shared memory; runs as two tensor-core kernels"
+        if not pair.plan.fused:
+            pair.fused, pair.reason = False, f"{pair.plan.reason}; runs as two tensor-core kernels"
     return pairs
 
 
@@ -98,30 +94,22 @@ def conv_kernels(conv_names: list[str], pairs: list[Pair]) -> list[dict]:
     for p in pairs:
         if p.fused:
             kernel, reason = "fused-pair", f"fused: {p.conv3x3} -> {p.conv1x1}"
-        elif p.kernels is not None:
+        elif p.plan is not None:
             kernel, reason = "tensorcore", p.reason
         else:
             continue  # a pair that is not run by our kernels: its convs get the default
         kernels[p.conv3x3] = kernels[p.conv1x1] = (kernel, reason)
-    reasons = {name: f"{DEFAULT_REASON} (its pair: {p.reason})" for p in pairs if p.kernels is None
+    reasons = {name: f"{DEFAULT_REASON} (its pair: {p.reason})" for p in pairs if p.plan is None
                for name in (p.conv3x3, p.conv1x1)}
     return [{"name": name, "kernel": kernels.get(name, ("default",))[0],
              "reason": kernels[name][1] if name in kernels else reasons.get(name, DEFAULT_REASON)} for name in conv_names]
-
-
-def _fusion_loss_reason(spec, target) -> str | None:
-    if not target_info(target).is_cuda:
-        return None
-    from ..schedule.cuda_wmma import fusion_loss_reason
-
-    return fusion_loss_reason(spec)
 
 
 def fuse_pairs(mod, target, pairs: list[Pair] | None = None):
     """mod with every planned pair replaced by its kernels (the fused one, or the template's two
     where fusing does not pay); (module, pairs)."""
     pairs = plan(mod, target) if pairs is None else pairs
-    fused = [p for p in pairs if p.kernels is not None]
+    fused = [p for p in pairs if p.plan is not None]
     for p in pairs:
         if not p.fused:
             log.info("not fused: %s -> %s: %s", p.conv3x3, p.conv1x1, p.reason)

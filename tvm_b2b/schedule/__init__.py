@@ -1,37 +1,54 @@
-"""Schedules of the fused op, one rule per target kind and file: `cpu` (llvm; also a dlight-style
-`apply(func, target)`) and `cuda_wmma` (tensor cores). Each rule's `scheduled_funcs` builds the
-op's PrimFuncs in the form it schedules and returns the kernels to build: one for the fused op,
-or two (stage 1 then stage 2) for the unfused baseline or a fallback.
+"""Schedule rules of the fused op, one per target kind and file: `cpu` (llvm; also a dlight-style
+`apply(func, target)`) and `cuda_wmma` (tensor cores). A rule is an object (CUTLASS's kernel with its
+`can_implement`, dlight's rule) with:
+  - name, and can_implement(spec, info) -> why it cannot run the spec on that target, or None;
+  - default_config(spec, info), knobs (what tuning searches), parse_config(text or config);
+  - plan(spec, info, config, fused, policy) -> Plan: the op's kernels, scheduled, and whether they run
+    it fused. The rule's plan is the one place that decides that (its shared memory, its epilogue
+    fallback, and with `policy` the measured rule of when fusing pays).
+`plan` below picks the target's rule; `info` is the target's TargetInfo.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..op.spec import FusedConvSpec
 from ..target import target_info
 
 
 @dataclass
-class Kernels:
+class Plan:
     """What a schedule rule hands to the build."""
 
-    funcs: list  # scheduled PrimFuncs, each with its own global symbol, in run order
-    mid_shape: tuple | None = None  # the intermediate's global buffer when there are two
+    kernels: list  # scheduled PrimFuncs, each with its own global symbol, in run order
+    fused: bool  # one kernel for the whole op; else stage 1 then stage 2
+    config: object = None  # the parameters the kernels were scheduled with (None: the rule has none)
+    reason: str = ""  # why the op does not run fused
+    mid_shape: tuple | None = None  # the intermediate's global buffer when there are two kernels
+    schedules: list = field(default_factory=list)  # the kernels' s_tir.Schedules (their traces, for tuning records)
 
 
-def scheduled_funcs(spec: FusedConvSpec, target, fused: bool = True, config=None) -> Kernels:
-    """The op's kernels for `target`; `config` is the rule's parameter set (None: defaults)."""
-    kind = target_info(target).kind
-    if kind == "llvm":
+def rule_for(target):
+    """The schedule rule of a target's kind (ValueError for a kind none serves)."""
+    info = target_info(target)
+    if info.kind == "llvm":
         from . import cpu
 
-        if config is not None:
-            raise ValueError("config: the CPU schedule takes no parameters")
-        return cpu.scheduled_funcs(spec, fused)
-    if kind == "cuda":
+        return cpu.RULE
+    if info.kind == "cuda":
         from . import cuda_wmma
 
-        if isinstance(config, str):
-            config = cuda_wmma.WmmaConfig.parse(config)
-        return cuda_wmma.scheduled_funcs(spec, target, fused, config)
-    raise ValueError(f"target: no schedule for {kind} targets (use llvm or cuda)")
+        return cuda_wmma.RULE
+    raise ValueError(f"target: no schedule for {info.kind} targets (use llvm or cuda)")
+
+
+def plan(spec: FusedConvSpec, target, fused: bool = True, config=None, policy: bool = False) -> Plan:
+    """The op's kernels for `target`, scheduled by its rule. fused=False asks for the two-kernel form;
+    policy: fuse only where the rule measured fusing to pay (a model's pairs); config: the rule's
+    parameters (None: its defaults)."""
+    info = target_info(target)
+    rule = rule_for(info)
+    reason = rule.can_implement(spec, info)
+    if reason:
+        raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")
+    return rule.plan(spec, info, rule.parse_config(config), fused, policy)

@@ -86,9 +86,30 @@ def apply(func, target) -> s_tir.Schedule | None:
     return schedule_cpu(func)
 
 
-def scheduled_funcs(spec, fused: bool):
-    """The op's kernels scheduled for the CPU (a schedule.Kernels)."""
-    from . import Kernels
+class CpuRule:
+    """The CPU rule: any spec, no parameters; fused whenever asked (no fusion policy)."""
 
-    funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
-    return Kernels([schedule_cpu(f).mod["main"] for f in funcs], None if fused else (spec.m, spec.k1))
+    name = "CPU"
+    knobs: dict = {}
+
+    def can_implement(self, spec, info) -> str | None:
+        return None
+
+    def default_config(self, spec, info):
+        return None
+
+    def parse_config(self, config):
+        if config is not None:
+            raise ValueError("config: the CPU schedule takes no parameters")
+        return None
+
+    def plan(self, spec, info, config=None, fused: bool = True, policy: bool = False):
+        from . import Plan
+
+        funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
+        schedules = [schedule_cpu(f) for f in funcs]
+        return Plan([s.mod["main"] for s in schedules], fused, None, "" if fused else "the two-kernel form was asked for",
+                     None if fused else (spec.m, spec.k1), schedules)
+
+
+RULE = CpuRule()

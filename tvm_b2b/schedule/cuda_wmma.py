@@ -55,6 +55,29 @@ EPILOGUES = (0, 1, 2)  # 0 fp32 staging in shared memory; 1 from the mma registe
 CONV2_K_FRAGS = 2  # conv2's reduction step in fragments (32 channels): divides the padded k1
 
 
+CONFIG_ANNOTATION = "tvm_b2b.config."  # + a knob or a FIXED_FIELDS name: the root block's annotations
+FIXED_FIELDS = ("pipeline", "mma", "epilogue")  # config fields that are not sampled knobs
+
+
+def config_of(trace) -> "WmmaConfig | None":
+    """The config a schedule of this template was made with, read from its trace: the root block's
+    CONFIG_ANNOTATION annotations, each a sampled knob (its decision) or a constant. None for a trace
+    without them (a record tuned before they existed: bench/migrate_records.py converts those)."""
+    samples = {inst.outputs[0]: inst for inst in trace.insts if inst.kind.name == "SampleCategorical"}
+    values = {}
+    for inst in trace.insts:
+        key = str(inst.attrs[0]) if inst.kind.name == "Annotate" else ""
+        if not key.startswith(CONFIG_ANNOTATION):
+            continue
+        value = inst.inputs[1]
+        sample = next((samples[rv] for rv in samples if rv.same_as(value)), None)
+        values[key.removeprefix(CONFIG_ANNOTATION)] = (
+            int(sample.attrs[0][int(trace.decisions[sample])]) if sample is not None else int(value))
+    if set(values) != set(KNOBS) | set(FIXED_FIELDS):
+        return None
+    return WmmaConfig.from_knobs({k: values[k] for k in KNOBS}, **{k: values[k] for k in FIXED_FIELDS})
+
+
 @dataclass(frozen=True)
 class WmmaConfig:
     """The template's choices in tile sizes (what users write; `knobs()` is what is sampled)."""
@@ -273,6 +296,12 @@ class WmmaFusedSchedule:
                                          decision=c.index(chosen[name]) if chosen else None)
             for name, c in KNOBS.items()
         }
+        # the config, recorded on the schedule itself (config_of reads it back from any trace of it)
+        root = sch.get_sblock("root")
+        for name, knob in self.knob.items():
+            sch.annotate(root, CONFIG_ANNOTATION + name, knob)
+        for name in FIXED_FIELDS:
+            sch.annotate(root, CONFIG_ANNOTATION + name, getattr(cfg, name) if cfg else 0)
 
     def run(self) -> s_tir.Schedule:
         sch, knob = self.sch, self.knob
@@ -502,27 +531,57 @@ def marked(sch: s_tir.Schedule):
     return sch.mod["main"].with_attr(POOL_ATTR, True)
 
 
-def scheduled_funcs(spec: FusedConvSpec, target, fused: bool, cfg: WmmaConfig | None = None):
-    """The op's kernels (a schedule.Kernels) in padded GEMM form, scheduled for tensor cores.
-    Falls back to two kernels, with a logged reason, where the fused kernel's shared memory
-    exceeds the target's."""
-    from . import Kernels
+class TensorCoreRule:
+    """The CUDA tensor-core rule (this template): fp16 on sm_70+, WmmaConfig parameters."""
 
-    arch = target_info(target).arch
-    reason = unsupported_reason(spec, arch)
-    if reason:
-        raise ValueError(f"target: no CUDA schedule for this spec: {reason}")
-    cfg = check_config(spec, cfg or default_config(spec, arch), arch)
-    if fused and not fits_shared_memory(spec, cfg, arch):
-        log.warning("not fused: %s needs %d KiB of shared memory, sm_%d has %d KiB; running two tensor-core kernels "
-                    "instead", spec.to_string(), shared_bytes(spec, cfg) // 1024, arch, max_shared_bytes(arch) // 1024)
-        fused = False
+    name = "CUDA"
+    knobs = KNOBS
+
+    def can_implement(self, spec: FusedConvSpec, info) -> str | None:
+        return unsupported_reason(spec, info.arch)
+
+    def default_config(self, spec: FusedConvSpec, info) -> WmmaConfig:
+        return default_config(spec, info.arch)
+
+    def parse_config(self, config):
+        return WmmaConfig.parse(config) if isinstance(config, str) else config
+
+    def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
+        """The op in padded GEMM form, scheduled for tensor cores, and the one decision whether it runs
+        fused: not when asked for two kernels, nor with `policy` where fusing measured slower (then with
+        the default config), nor where the fused kernel's shared memory (after any epilogue fallback)
+        exceeds the GPU's."""
+        from . import Plan
+
+        arch = info.arch
+        slower = fusion_loss_reason(spec) if fused and policy else None  # its tuned config is the fused kernel's
+        reason = slower or (None if fused else "the two-kernel form was asked for")
+        cfg = check_config(spec, default_config(spec, arch) if config is None or slower else config, arch)
+        if not reason and not fits_shared_memory(spec, cfg, arch):
+            reason = _too_large(spec, cfg, arch)
+        schedules, used = buildable_schedules(_funcs(spec, not reason), spec, cfg, info.target)
+        if not reason and used != cfg and not fits_shared_memory(spec, used, arch):
+            reason = _too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
+            schedules, used = buildable_schedules(_funcs(spec, False), spec, used, info.target)
+        ext = extents(spec)
+        return Plan([marked(sch) for sch in schedules], not reason, used, reason or "",
+                    (ext["m"], ext["k1"]) if reason else None, schedules)
+
+
+RULE = TensorCoreRule()
+
+
+def _funcs(spec: FusedConvSpec, fused: bool) -> list:
     ext = extents(spec)
-    funcs = [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
-    schedules, used = buildable_schedules(funcs, spec, cfg, target)
-    if used != cfg and fused and not fits_shared_memory(spec, used, arch):
-        return scheduled_funcs(spec, target, True, used)  # the staged epilogue's fallback needs more: two kernels
-    return Kernels([marked(sch) for sch in schedules], None if fused else (ext["m"], ext["k1"]))
+    return [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
+
+
+def _too_large(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> str:
+    """The reason (logged) why a fused kernel with cfg does not fit the arch's shared memory."""
+    reason = (f"too large for shared memory ({shared_bytes(spec, cfg) // 1024} KiB with {cfg.to_string()}, "
+              f"sm_{arch} has {max_shared_bytes(arch) // 1024} KiB)")
+    log.warning("not fused: %s: %s; running two tensor-core kernels instead", spec.to_string(), reason)
+    return reason
 
 
 def fits_shared_memory(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:

@@ -330,10 +330,16 @@ def tuned_config(spec, target, directory):
     Records are keyed on the spec's workload (structural equality), so a record of another shape
     or GPU arch is never applied."""
     from ..schedule import cuda_wmma
-    from .space import config_of
+    from ..schedule.cuda_wmma import config_of
 
     record = best_record(open_database(directory), cuda_wmma.workload(spec), target)
-    return config_of(record.trace) if record is not None else None
+    if record is None:
+        return None
+    config = config_of(record.trace)
+    if config is None:
+        log.warning("%s: its record of %s predates the config annotations of tvm-b2b's schedules and is not used; "
+                    "convert the database with bench/migrate_records.py", directory, spec.to_string())
+    return config
 
 
 def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="auto"):

@@ -12,6 +12,7 @@ from tvm.ir.utils import derived_object
 
 from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
+from ..schedule.cuda_wmma import config_of
 
 SEARCHED_DEPTHS = (0, 1, 2)  # pipeline depths tuned (3 rarely fits next to the intermediate)
 
@@ -94,21 +95,3 @@ def _instruction_sets(arch: int) -> list[tuple[int, int]]:
     than mma.sync on the H200: bench/results/h200_s4_1_*), nor epilogue=1 (1.6x slower: its 2-byte
     global stores, h200_s5_3_*): their traces would only take trials from the others."""
     return [(0, 0)] if arch < 80 else [(1, 0), (1, 2)]
-
-
-def config_of(trace) -> cuda_wmma.WmmaConfig:
-    """The WmmaConfig a trace of this space chose (its knobs are sampled in KNOBS order)."""
-    samples = [inst for inst in trace.insts if inst.kind.name == "SampleCategorical"]
-    knobs = {}
-    for (name, candidates), inst in zip(cuda_wmma.KNOBS.items(), samples):
-        knobs[name] = candidates[int(trace.decisions[inst])]
-    stages = [inst.inputs[1] for inst in trace.insts
-              if inst.kind.name == "Annotate" and "software_pipeline_stage" in str(inst.attrs)]
-    depth = max(int(stage) for stage in stages[0]) if stages else 0
-    mma = any(inst.kind.name == "Tensorize" and "ldmatrix" in str(inst.attrs) for inst in trace.insts)
-    # the staged form tensorizes the accumulator store; the register epilogue has no store to tensorize,
-    # and with epilogue=2 caches its output in shared memory
-    staged = any(inst.kind.name == "Tensorize" and "store" in str(inst.attrs).lower() for inst in trace.insts)
-    output_cached = any(inst.kind.name == "CacheWrite" and "shared.dyn" in str(inst.attrs) for inst in trace.insts)
-    epilogue = 0 if not mma or staged else 2 if output_cached else 1
-    return cuda_wmma.WmmaConfig.from_knobs(knobs, pipeline=depth, mma=int(mma), epilogue=epilogue)

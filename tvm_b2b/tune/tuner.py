@@ -169,12 +169,11 @@ def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, build
     the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
     import shutil
 
-    arch = target_info(target).arch
-    cfg = cuda_wmma.default_config(spec, arch)
-    if not cuda_wmma.fits_shared_memory(spec, cfg, arch):
+    planned = cuda_wmma.RULE.plan(spec, target_info(target))  # what build runs by default
+    if not planned.fused:
         return []  # not a fused kernel on this GPU: nothing to compare with
     mod = cuda_wmma.workload(spec)
-    (sch,), _ = cuda_wmma.buildable_schedules([mod["main"]], spec, cfg, target)  # what build would run
+    (sch,) = planned.schedules
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
     measured = None
     if built.error_msg is None:
