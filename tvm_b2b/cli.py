@@ -146,7 +146,7 @@ def _report(args) -> int:
 
 def _compile(args) -> int:
     from .frontend.model import compile_model
-    from .target import parse_target
+    from .target import parse_target, target_info
 
     start = time.perf_counter()
     dtype = None if args.dtype == "float32" else args.dtype
@@ -229,7 +229,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "(batch, height, width, input channels, 3x3 and 1x1 output channels); optional stride=1 (or 2), "
                     "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32); "
                     'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64"')
-    op.add_argument("--target", default="llvm", help="llvm, cuda (the local GPU), cuda:sm_XX, or a TVM target JSON")
+    op.add_argument("--target", default="llvm", help="llvm, cuda (the local GPU), cuda:sm_XX, TVM's 'cuda -arch=sm_XX' or "
+                    "'llvm -mcpu=native', or a target JSON")
     op.add_argument("--check", action="store_true", help="run on random data and compare with the numpy reference (exit 1 on mismatch)")
     op.add_argument("--bench", action="store_true", help="also time the unfused baseline (two kernels)")
     op.add_argument("--unfused", action="store_true", help="build the unfused baseline instead of the fused kernel")
@@ -243,10 +244,11 @@ def make_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="list the 3x3 -> 1x1 pairs of an ONNX model and whether each fuses",
         description="Imports an ONNX model and lists every 3x3 -> 1x1 convolution pair it has, with the fused spec "
-                    "or the reason it is not fused on the target. Compiles nothing.")
+                    "or every reason it is not fused on the target, then every conv with the kernel it gets (fused-pair, "
+                    "tensorcore: a pair's two template kernels, default: TVM's own schedule) and why. Compiles nothing.")
     report.add_argument("model", help="MODEL.onnx")
     report.add_argument("--target", default="llvm", help="the target whose kernel decides what fuses (default llvm)")
-    report.add_argument("--json", action="store_true", help='print {"pairs": [...]} as JSON')
+    report.add_argument("--json", action="store_true", help='print {"pairs": [...], "convs": [...]} as JSON')
     report.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for compile")
     report.set_defaults(handler=_report)
 
@@ -257,7 +259,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "runs as one fused kernel; the rest compiles with TVM. On CUDA, --dtype float16 is what runs on tensor cores.")
     comp.add_argument("model", help="MODEL.onnx")
     comp.add_argument("-o", "--output", required=True, help="OUT.so (metadata goes to OUT.so.json)")
-    comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, or a TVM target JSON")
+    comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, 'cuda -arch=sm_XX', "
+                      "'llvm -mcpu=native', or a target JSON")
     comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
     comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
     comp.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch each kernel through the VM instead of "
