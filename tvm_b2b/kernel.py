@@ -62,9 +62,9 @@ class FusedKernel:
         The residual and output are passed as their (m, k2) GEMM view."""
         import tvm
 
-        spec = self.spec
         from .op.device import device_arguments
 
+        spec = self.spec
         tensors, out = device_arguments(spec, arrays, dev)
         if self.fused:
             return [[*tensors.values(), out]]
@@ -97,7 +97,6 @@ class FusedKernel:
         return generated_source(self.executable, self.target)
 
 
-
 def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, db="auto") -> FusedKernel:
     """Compile the op for `target` (llvm, cuda, cuda:sm_XX, a target JSON or a Target).
     fused=False builds the unfused baseline: two kernels, intermediate in global memory.
@@ -106,10 +105,10 @@ def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, d
     database of the target's GPU, schedules/<gpu>-<arch>), a directory, or None (defaults)."""
     if not isinstance(spec, FusedConvSpec):
         raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
-    target = parse_target(target)
     from .codegen import CODE_ENV
     from .tune.database import resolve_config
 
+    target = parse_target(target)
     config = resolve_config(spec, target, fused, config, db)
     key = (spec, str(target), fused, str(config), *(os.environ.get(v) for v in CODE_ENV))
     if key not in _BUILT:

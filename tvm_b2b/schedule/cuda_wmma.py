@@ -63,14 +63,14 @@ def config_of(trace) -> "WmmaConfig | None":
     """The config a schedule of this template was made with, read from its trace: the root block's
     CONFIG_ANNOTATION annotations, each a sampled knob (its decision) or a constant. None for a trace
     without them (a record tuned before they existed: bench/migrate_records.py converts those)."""
-    samples = {inst.outputs[0]: inst for inst in trace.insts if inst.kind.name == "SampleCategorical"}
+    samples = [inst for inst in trace.insts if inst.kind.name == "SampleCategorical"]
     values = {}
     for inst in trace.insts:
         key = str(inst.attrs[0]) if inst.kind.name == "Annotate" else ""
         if not key.startswith(CONFIG_ANNOTATION):
             continue
-        value = inst.inputs[1]
-        sample = next((samples[rv] for rv in samples if rv.same_as(value)), None)
+        value = inst.inputs[1]  # the sampled variable, or a constant
+        sample = next((s for s in samples if s.outputs[0].same_as(value)), None)
         values[key.removeprefix(CONFIG_ANNOTATION)] = (
             int(sample.attrs[0][int(trace.decisions[sample])]) if sample is not None else int(value))
     if set(values) != set(KNOBS) | set(FIXED_FIELDS):
