@@ -259,3 +259,22 @@ def test_report_lists_every_conv_with_its_kernel(model_dir, capsys):
     assert main(["report", str(model_dir / "grouped.onnx"), "--json"]) == 0
     convs = json.loads(capsys.readouterr().out)["convs"]
     assert [c["kernel"] for c in convs] == ["default", "default"] and "grouped 3x3" in convs[0]["reason"]
+
+
+def test_the_frontend_asks_every_registered_op_kind(model_dir):
+    """Op kinds are registered (op.kind): the frontend takes candidates from each, and the schedules
+    name a rule per (kind, target kind). A kind registered here is asked for its candidates."""
+    from tvm_b2b.op.kind import OP_KINDS, OpKind, op_kinds, register
+    from tvm_b2b.schedule import rule_for
+
+    assert "conv3x3_conv1x1" in op_kinds()
+    asked = []
+    register(OpKind(name="probe", spec=object, prim_func=None, reference=None, random_inputs=None,
+                    find=lambda func, names: asked.append(names) or []))
+    try:
+        _, pairs, _ = analyze(str(model_dir / "mini_resnet.onnx"), parse_target("llvm"))
+    finally:
+        del OP_KINDS["probe"]
+    assert asked == [conv_names(onnx.load(model_dir / "mini_resnet.onnx"))] and len(pairs) == 3
+    with pytest.raises(ValueError, match="no schedule for probe on llvm targets"):
+        rule_for(parse_target("llvm"), "probe")

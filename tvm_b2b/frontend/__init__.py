@@ -1,1 +1,1 @@
-"""ONNX models in: import and normalize (normalize.py), find 3x3 -> 1x1 pairs (pairs.py)."""
+"""ONNX models in: import and normalize (normalize.py), plan and rewrite every op kind's candidates (rewrite.py), compile, load and run (model.py)."""

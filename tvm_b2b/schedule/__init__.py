@@ -6,7 +6,7 @@
   - plan(spec, info, config, fused, policy) -> Plan: the op's kernels, scheduled, and whether they run
     it fused. The rule's plan is the one place that decides that (its shared memory, its epilogue
     fallback, and with `policy` the measured rule of when fusing pays).
-`plan` below picks the target's rule; `info` is the target's TargetInfo.
+`RULES` names the rule of each (op kind, target kind); `plan` below picks it; `info` is the target's TargetInfo.
 """
 from __future__ import annotations
 
@@ -28,26 +28,28 @@ class Plan:
     schedules: list = field(default_factory=list)  # the kernels' s_tir.Schedules (their traces, for tuning records)
 
 
-def rule_for(target):
-    """The schedule rule of a target's kind (ValueError for a kind none serves)."""
+# (op kind, target kind) -> the module under schedule/ whose RULE schedules that kind for that target
+RULES = {("conv3x3_conv1x1", "llvm"): "cpu", ("conv3x3_conv1x1", "cuda"): "cuda_wmma"}
+
+
+def rule_for(target, kind: str = "conv3x3_conv1x1"):
+    """The schedule rule of an op kind on a target's kind (ValueError where none serves)."""
+    import importlib
+
     info = target_info(target)
-    if info.kind == "llvm":
-        from . import cpu
-
-        return cpu.RULE
-    if info.kind == "cuda":
-        from . import cuda_wmma
-
-        return cuda_wmma.RULE
-    raise ValueError(f"target: no schedule for {info.kind} targets (use llvm or cuda)")
+    module = RULES.get((kind, info.kind))
+    if module is None:
+        raise ValueError(f"target: no schedule for {kind} on {info.kind} targets (use llvm or cuda)")
+    return importlib.import_module(f"{__name__}.{module}").RULE
 
 
-def plan(spec: FusedConvSpec, target, fused: bool = True, config=None, policy: bool = False) -> Plan:
-    """The op's kernels for `target`, scheduled by its rule. fused=False asks for the two-kernel form;
-    policy: fuse only where the rule measured fusing to pay (a model's pairs); config: the rule's
-    parameters (None: its defaults)."""
+def plan(spec: FusedConvSpec, target, fused: bool = True, config=None, policy: bool = False,
+         kind: str = "conv3x3_conv1x1") -> Plan:
+    """The op's kernels for `target`, scheduled by the rule for its kind. fused=False asks for the
+    two-kernel form; policy: fuse only where the rule measured fusing to pay (a model's pairs);
+    config: the rule's parameters (None: its defaults)."""
     info = target_info(target)
-    rule = rule_for(info)
+    rule = rule_for(info, kind)
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")

@@ -1,4 +1,5 @@
-"""Find the 3x3 -> 1x1 convolution pairs of a normalized Relax function (see normalize.py).
+"""The fused pair's graph pattern: find the 3x3 -> 1x1 convolution pairs of a normalized Relax
+function (frontend/normalize.py), and give a pair's arguments as the op's kernels take them.
 
 A pair is conv3x3 -> [per-channel affine ops] -> [act1] -> conv1x1 -> [per-channel affine ops]
 -> [+ residual] -> [act2], every intermediate used once. The affine ops (bias, BatchNormalization
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import relax
 
-from ..op.activation import match_activation
-from ..op.spec import FusedConvSpec
+from .activation import match_activation
+from .reference import np_dtype
+from .spec import FusedConvSpec
 
 AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
 # elementwise ops a chain may pass through on the way back from a 1x1 conv: reported, not fused
@@ -35,9 +37,27 @@ class Pair:
     last: object = None  # the Var whose binding the fused op replaces
     params: dict = field(default_factory=dict)  # w1 HWIO, s1, b1, w2 (k1, k2), s2, b2 as float32
     plan: object = None  # the target's schedule.Plan (its kernels, fused or two), once planned
+    kind: str = "conv3x3_conv1x1"  # the op kind (op.kind) whose pattern found it
+
+    @property
+    def convs(self) -> tuple[str, str]:
+        """The model's convs this candidate covers, in order."""
+        return self.conv3x3, self.conv1x1
 
     def to_json(self) -> dict:
         return {"conv3x3": self.conv3x3, "conv1x1": self.conv1x1, "fused": self.fused, "reason": self.reason}
+
+    def arguments(self, emit, model_input) -> list:
+        """The op's inputs in its kernels' order (x, w1, s1, b1, w2, s2, b2[, residual]) as Relax
+        expressions: the weights as constants in the spec's dtype, x and the residual through
+        `model_input(expr)` (the caller's rewrite of an expression of the graph, cast to the spec's
+        dtype), the residual as its (m, k2) GEMM view (`emit` binds a value)."""
+        spec, p, dt = self.spec, self.params, np_dtype(self.spec.dtype)
+        args = [model_input(self.x), relax.const(p["w1"].astype(dt)), relax.const(p["s1"]), relax.const(p["b1"]),
+                relax.const(p["w2"].astype(dt)), relax.const(p["s2"]), relax.const(p["b2"])]
+        if self.residual is not None:
+            args.append(emit(relax.op.reshape(model_input(self.residual), (spec.m, spec.k2))))
+        return args
 
 
 def _op(expr) -> str:
