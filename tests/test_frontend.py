@@ -278,3 +278,27 @@ def test_the_frontend_asks_every_registered_op_kind(model_dir):
     assert asked == [conv_names(onnx.load(model_dir / "mini_resnet.onnx"))] and len(pairs) == 3
     with pytest.raises(ValueError, match="no schedule for probe on llvm targets"):
         rule_for(parse_target("llvm"), "probe")
+
+
+def test_two_kernel_plans_run_correctly(model_dir):
+    """A candidate planned as two kernels (CUDA's form for wide pairs) is rewritten with its inputs
+    split by the kernels' signatures (stage 1: x and its weights; stage 2: the intermediate, the rest
+    and the residual): run on the CPU against onnxruntime."""
+    import tvm
+    from tvm import relax
+
+    from tvm_b2b.codegen import compile_module
+    from tvm_b2b.frontend.rewrite import fuse_pairs
+    from tvm_b2b.schedule import plan as schedule_plan
+
+    target, path = parse_target("llvm"), model_dir / "mini_resnet.onnx"
+    mod, pairs, _ = analyze(str(path), target)
+    for pair in pairs:
+        pair.plan = schedule_plan(pair.spec, target, fused=False)
+        assert not pair.plan.fused and len(pair.plan.kernels) == 2
+    assert any(pair.spec.residual for pair in pairs)
+    vm = relax.VirtualMachine(compile_module(fuse_pairs(mod, target, pairs)[0], target), tvm.cpu())
+    x = random_input(path)
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
