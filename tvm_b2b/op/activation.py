@@ -17,21 +17,25 @@ class Activation:
     match: Callable
 
 
-def _relax_op(call) -> str:
+def relax_op(expr) -> str:
+    """The op name of a Relax call ("relax.nn.relu"), "" for anything else."""
     from tvm import relax
 
-    return getattr(getattr(call, "op", None), "name", "") if isinstance(call, relax.Call) else ""
+    return getattr(getattr(expr, "op", None), "name", "") if isinstance(expr, relax.Call) else ""
+
+
+def relax_const(expr):
+    """The numpy value of a Relax constant, else None."""
+    from tvm import relax
+
+    value = None if isinstance(expr, (relax.Var, relax.Call)) else getattr(expr, "value", None)
+    return value.numpy() if value is not None and hasattr(value, "numpy") else None
 
 
 def _scalar(expr):
     """The float value of a one-element Relax constant, else None."""
-    from tvm import relax
-
-    value = None if isinstance(expr, (relax.Var, relax.Call)) else getattr(expr, "value", None)
-    if value is None or not hasattr(value, "numpy"):
-        return None
-    array = value.numpy()
-    return float(array) if array.size == 1 else None
+    value = relax_const(expr)
+    return float(value) if value is not None and value.size == 1 else None
 
 
 def _te_max0(v):
@@ -47,19 +51,19 @@ def _te_relu6(v):
 
 
 def _match_relu(call, value_of, single_use):
-    op = _relax_op(call)
+    op = relax_op(call)
     if op == "relax.nn.relu" or (op == "relax.maximum" and _scalar(call.args[1]) == 0.0):
         return call.args[0]
     return None
 
 
 def _match_relu6(call, value_of, single_use):
-    op = _relax_op(call)
+    op = relax_op(call)
     if op == "relax.clip" and float(call.args[1].value) == 0.0 and float(call.args[2].value) == 6.0:
         return call.args[0]
     if op == "relax.minimum" and _scalar(call.args[1]) == 6.0:  # min(max(x, 0), 6)
         inner = value_of(call.args[0])
-        if _relax_op(inner) == "relax.maximum" and _scalar(inner.args[1]) == 0.0 and single_use(call.args[0]):
+        if relax_op(inner) == "relax.maximum" and _scalar(inner.args[1]) == 0.0 and single_use(call.args[0]):
             return inner.args[0]
     return None
 

@@ -1,10 +1,10 @@
 """The fused 3x3 -> 1x1 pair as an op kind: spec (spec.py), TE definition (compute.py), numpy
-reference (reference.py) and graph pattern (pattern.py), registered as "conv3x3_conv1x1"."""
+reference (reference.py) and graph pattern (pattern.py), registered as spec.OP_KIND."""
 from .compute import fused_prim_func
 from .kind import OpKind, register
 from .pattern import find_pairs
 from .reference import random_inputs, reference
-from .spec import FusedConvSpec
+from .spec import OP_KIND, FusedConvSpec
 
-FUSED_PAIR = register(OpKind(name="conv3x3_conv1x1", spec=FusedConvSpec, prim_func=fused_prim_func, reference=reference,
+FUSED_PAIR = register(OpKind(name=OP_KIND, spec=FusedConvSpec, prim_func=fused_prim_func, reference=reference,
                              random_inputs=random_inputs, find=find_pairs))

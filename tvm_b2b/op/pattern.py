@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import relax
 
-from .activation import match_activation
+from .activation import match_activation, relax_const, relax_op
 from .reference import np_dtype
-from .spec import FusedConvSpec
+from .spec import OP_KIND, FusedConvSpec
 
 AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
 # elementwise ops a chain may pass through on the way back from a 1x1 conv: reported, not fused
@@ -37,7 +37,7 @@ class Pair:
     last: object = None  # the Var whose binding the fused op replaces
     params: dict = field(default_factory=dict)  # w1 HWIO, s1, b1, w2 (k1, k2), s2, b2 as float32
     plan: object = None  # the target's schedule.Plan (its kernels, fused or two), once planned
-    kind: str = "conv3x3_conv1x1"  # the op kind (op.kind) whose pattern found it
+    kind: str = OP_KIND  # the op kind (op.kind) whose pattern found it
 
     @property
     def convs(self) -> tuple[str, str]:
@@ -58,18 +58,6 @@ class Pair:
         if self.residual is not None:
             args.append(emit(relax.op.reshape(model_input(self.residual), (spec.m, spec.k2))))
         return args
-
-
-def _op(expr) -> str:
-    return getattr(getattr(expr, "op", None), "name", "") if isinstance(expr, relax.Call) else ""
-
-
-def _const(expr):
-    """numpy value of a constant expression, else None."""
-    value = getattr(expr, "value", None)
-    if value is not None and hasattr(value, "numpy") and not isinstance(expr, (relax.Var, relax.Call)):
-        return value.numpy()
-    return None
 
 
 def _per_channel(value: np.ndarray, channels: int):
@@ -119,7 +107,7 @@ def _conv_problem(call, kernel: int) -> str | None:
         return f"grouped {kernel}x{kernel} conv (groups={int(a.groups)})"
     if any(int(d) != 1 for d in a.dilation):
         return f"dilated {kernel}x{kernel} conv"
-    if _const(call.args[1]) is None:
+    if relax_const(call.args[1]) is None:
         return f"{kernel}x{kernel} conv weight is not a constant"
     pad, strides = [int(p) for p in a.padding], [int(s) for s in a.strides]
     if kernel == 3:
@@ -140,7 +128,7 @@ def _activation(graph: _Graph, var):
 
 def _affine_step(call, var, channels: int):
     """(scale, bias) of `call` as a function of its operand `var`, if it is per-channel affine."""
-    op = _op(call)
+    op = relax_op(call)
     if op not in AFFINE:
         return None
     lhs, rhs = call.args
@@ -150,7 +138,7 @@ def _affine_step(call, var, channels: int):
         lhs, rhs = rhs, lhs
     if not lhs.same_as(var):
         return None
-    c = _per_channel(_const(rhs), channels)
+    c = _per_channel(relax_const(rhs), channels)
     if c is None:
         return None
     one, zero = np.ones(channels, np.float32), np.zeros(channels, np.float32)
@@ -195,9 +183,9 @@ def _epilogue(graph: _Graph, var, shape):
     """Residual add and act2 after var: (residual expr or None, act2, last var)."""
     residual = None
     user = _sole_user(graph, var)
-    if user is not None and _op(graph.value[user]) == "relax.add":
+    if user is not None and relax_op(graph.value[user]) == "relax.add":
         other = [a for a in graph.value[user].args if not a.same_as(var)]
-        if len(other) == 1 and _const(other[0]) is None and _shape(other[0]) == shape:
+        if len(other) == 1 and relax_const(other[0]) is None and _shape(other[0]) == shape:
             residual, var = other[0], user
     act2 = "none"
     user = _sole_user(graph, var)
@@ -225,7 +213,7 @@ def find_pairs(func: relax.Function, conv_names: list[str] | None = None) -> lis
     conv_names: a name for each conv2d in binding order (the ONNX Conv nodes, which the importer
     emits in graph order); default 'conv2d#i'."""
     graph = _Graph(func)
-    convs = [b.var for b in graph.bindings if _op(b.value) == "relax.nn.conv2d"]
+    convs = [b.var for b in graph.bindings if relax_op(b.value) == "relax.nn.conv2d"]
     names = {var: (conv_names[i] if conv_names and i < len(conv_names) else f"conv2d#{i}") for i, var in enumerate(convs)}
     pairs = []
     for var in convs:
@@ -245,17 +233,17 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
     src = src_act
     s1, b1, src = _affine_back(graph, src, k1)
     # walk on through other elementwise ops to find whether a 3x3 conv feeds this 1x1 at all
-    while _op(graph.value.get(src)) in UNARY | AFFINE and _op(graph.value.get(src)) != "relax.nn.conv2d":
+    while relax_op(graph.value.get(src)) in UNARY | AFFINE and relax_op(graph.value.get(src)) != "relax.nn.conv2d":
         call = graph.value[src]
         if sum(isinstance(a, relax.Var) for a in call.args) > 1:
             return None  # a join (a residual add): the chain crosses blocks, it is no pair
-        unsupported = unsupported or _op(call).removeprefix("relax.").removeprefix("nn.")
+        unsupported = unsupported or relax_op(call).removeprefix("relax.").removeprefix("nn.")
         used_twice = used_twice or not graph.single_use(src)
         src = next((a for a in call.args if isinstance(a, relax.Var)), None)
         if src is None:
             return None
     conv1 = graph.value.get(src)
-    if _op(conv1) != "relax.nn.conv2d" or _weight_shape(conv1)[1:3] != (3, 3):
+    if relax_op(conv1) != "relax.nn.conv2d" or _weight_shape(conv1)[1:3] != (3, 3):
         return None
     pair = Pair(conv3x3=names[src], conv1x1=names[var2])
     used_twice = used_twice or not graph.single_use(src) or not graph.single_use(conv2.args[0])
@@ -273,9 +261,9 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
     pair.spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=int(conv1.attrs.strides[0]), act1=act1 or "none",
                               act2=act2, residual=residual is not None, dtype=dtype)
     pair.params = dict(
-        w1=_const(conv1.args[1]).astype(np.float32).transpose(1, 2, 3, 0),  # OHWI -> HWIO
+        w1=relax_const(conv1.args[1]).astype(np.float32).transpose(1, 2, 3, 0),  # OHWI -> HWIO
         s1=s1, b1=b1,
-        w2=_const(conv2.args[1]).astype(np.float32).reshape(k2, k1).T.copy(),
+        w2=relax_const(conv2.args[1]).astype(np.float32).reshape(k2, k1).T.copy(),
         s2=s2, b2=b2,
     )
     pair.x, pair.residual, pair.last, pair.fused = conv1.args[0], residual, last, True

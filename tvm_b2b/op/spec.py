@@ -17,6 +17,7 @@ ACTIVATIONS = tuple(_TABLE)  # the names of op.activation's table
 DTYPES = ("float16", "bfloat16", "float32")
 STRIDES = (1, 2)
 SIZE_FIELDS = ("n", "h", "w", "c", "k1", "k2")
+OP_KIND = "conv3x3_conv1x1"  # the fused pair's name among the op kinds (op.kind)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..op.spec import FusedConvSpec
+from ..op.spec import OP_KIND, FusedConvSpec
 from ..target import target_info
 
 
@@ -29,10 +29,10 @@ class Plan:
 
 
 # (op kind, target kind) -> the module under schedule/ whose RULE schedules that kind for that target
-RULES = {("conv3x3_conv1x1", "llvm"): "cpu", ("conv3x3_conv1x1", "cuda"): "cuda_wmma"}
+RULES = {(OP_KIND, "llvm"): "cpu", (OP_KIND, "cuda"): "cuda_wmma"}
 
 
-def rule_for(target, kind: str = "conv3x3_conv1x1"):
+def rule_for(target, kind: str = OP_KIND):
     """The schedule rule of an op kind on a target's kind (ValueError where none serves)."""
     import importlib
 
@@ -44,7 +44,7 @@ def rule_for(target, kind: str = "conv3x3_conv1x1"):
 
 
 def plan(spec: FusedConvSpec, target, fused: bool = True, config=None, policy: bool = False,
-         kind: str = "conv3x3_conv1x1") -> Plan:
+         kind: str = OP_KIND) -> Plan:
     """The op's kernels for `target`, scheduled by the rule for its kind. fused=False asks for the
     two-kernel form; policy: fuse only where the rule measured fusing to pay (a model's pairs);
     config: the rule's parameters (None: its defaults)."""
