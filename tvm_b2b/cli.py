@@ -96,8 +96,8 @@ def _tune(args) -> int:
                         "run tvm-b2b tune on a machine with that GPU")
     database = TuningDatabase(args.db, lock=True)  # one tuner per database: a second one stops here
     if args.model:
-        _, pairs, _ = analyze(args.model, target, dtype="float16", db=None)
-        specs = list(dict.fromkeys(p.spec for p in pairs if p.fused))
+        _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
+        specs = list(dict.fromkeys(p.spec for p in pairs_of(candidates) if p.fused))
         print(f"{args.model}: {len(specs)} distinct fused pair(s) to tune")
     else:
         specs = [FusedConvSpec.parse(s) for s in args.spec]
@@ -124,11 +124,11 @@ def _report(args) -> int:
     import json
 
     from .frontend.model import analyze, conv_names
-    from .frontend.rewrite import conv_kernels
+    from .frontend.rewrite import conv_kernels, pairs_of
     from .target import parse_target
 
-    _, pairs, model = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype)
-    convs = conv_kernels(conv_names(model), pairs)
+    _, candidates, model = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype)
+    pairs, convs = pairs_of(candidates), conv_kernels(conv_names(model), candidates)
     if args.json:
         print(json.dumps({"pairs": [p.to_json() for p in pairs], "convs": convs}, indent=1))
         return 0
@@ -136,16 +136,24 @@ def _report(args) -> int:
     for p in pairs:
         what = f"fused: {p.spec.to_string()}" if p.fused else f"not fused: {p.reason}"
         print(f"  {p.conv3x3} -> {p.conv1x1}: {what}")
-    counts = {kind: sum(c["kernel"] == kind for c in convs) for kind in ("fused-pair", "tensorcore", "default")}
-    print(f"{len(convs)} conv(s): " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    print(_conv_counts(convs))
     for c in convs:
         if c["kernel"] != "fused-pair":
             print(f"  {c['name']}: {c['kernel']}: {c['reason']}")
     return 0
 
 
+def _conv_counts(convs: list[dict]) -> str:
+    """'N conv(s): a fused-pair, b tensorcore, ...' (the kinds that occur; default always)."""
+    kinds = [k for k in ("fused-pair", "tensorcore", "cpu") if any(c["kernel"] == k for c in convs)] + ["default"]
+    return f"{len(convs)} conv(s): " + ", ".join(f"{sum(c['kernel'] == k for c in convs)} {k}" for k in kinds)
+
+
 def _compile(args) -> int:
+    import json
+
     from .frontend.model import compile_model
+    from .frontend.rewrite import pairs_of
     from .target import parse_target, target_info
 
     start = time.perf_counter()
@@ -153,10 +161,13 @@ def _compile(args) -> int:
     target = parse_target(args.target)
     if target_info(target).is_cuda and dtype is None:
         print("hint: --dtype float16 runs the convolutions on tensor cores; this build keeps float32", file=sys.stderr)
-    pairs = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
-                          emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph)
+    candidates = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
+                               emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph)
+    pairs = pairs_of(candidates)
+    with open(args.output + ".json") as f:
+        convs = json.load(f)["convs"]
     print(f"compiled {args.model} -> {args.output} (+ .json) in {time.perf_counter() - start:.1f} s: "
-          f"{sum(p.fused for p in pairs)} of {len(pairs)} 3x3 -> 1x1 pair(s) fused")
+          f"{sum(p.fused for p in pairs)} of {len(pairs)} 3x3 -> 1x1 pair(s) fused; {_conv_counts(convs)}")
     if args.emit_source:
         print(f"source written to {args.emit_source}")
     for p in pairs:

@@ -37,8 +37,8 @@ def conv_names(model) -> list[str]:
 
 
 def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="auto"):
-    """(normalized Relax module, pairs, ONNX model) for `path` on `target`; dtype="float16" runs
-    the fused pairs in float16."""
+    """(normalized Relax module, candidates of every op kind, planned (frontend.rewrite.plan), ONNX
+    model) for `path` on `target`; dtype="float16" runs them in float16."""
     from .rewrite import plan
 
     model = load_onnx(path)
@@ -49,13 +49,14 @@ def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="
 
 def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto",
                   emit_source: str | None = None, cuda_graph: bool = True) -> list:
-    """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the pairs.
-    dtype="float16": the fused pairs run in float16 with float32 accumulation. db: where the fused
+    """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the candidates
+    of every op kind (frontend.rewrite.plan). dtype="float16": our kernels run in float16 with float32
+    accumulation, and the data stays float16 between them. db: where the fused
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults).
     emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs).
     cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static)."""
     from ..codegen import compile_module, generated_source
-    from .rewrite import fuse_pairs
+    from .rewrite import conv_kernels, fuse_pairs, pairs_of
 
     mod, pairs, model = analyze(path, target, fuse, dtype, db)
     mod, _ = fuse_pairs(mod, target, pairs)
@@ -67,7 +68,8 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
     inputs, outputs = onnx_signature(model)
     info = target_info(target)
     meta = {"inputs": inputs, "outputs": outputs, "target": str(target), "device": info.kind, "dtype": dtype or "float32",
-            "cuda_graph": bool(cuda_graph and info.is_cuda), "pairs": [p.to_json() for p in pairs]}
+            "cuda_graph": bool(cuda_graph and info.is_cuda), "pairs": [p.to_json() for p in pairs_of(pairs)],
+            "convs": conv_kernels(conv_names(model), pairs)}
     tmp = out + ".json.tmp"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1)

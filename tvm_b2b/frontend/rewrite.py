@@ -12,39 +12,69 @@ import logging
 from tvm import relax
 
 from ..op.kind import op_kinds
+from ..op.spec import OP_KIND as PAIR
 from ..schedule import plan as schedule_plan
 from ..tune.database import resolve_config
 
 log = logging.getLogger("tvm_b2b")
 
 
+# ops whose result in float16 is exactly the float16 rounding of their float32 result: where their
+# input is a kernel's float16 output cast up, they run on it in float16 (no casts around them)
+EXACT_IN_FLOAT16 = {"relax.nn.max_pool2d", "relax.nn.relu", "relax.reshape", "relax.permute_dims"}
+
+
 @relax.expr_functor.mutator
 class _KernelRewriter(relax.PyExprMutator):
-    """Replaces each planned candidate's last binding with calls of its kernels."""
+    """Replaces each planned candidate's last binding with calls of its kernels. Between kernels the
+    data stays in the kernels' dtype: a kernel's output cast back to the model's dtype is remembered
+    (`narrow`: model-dtype var -> the kernel-dtype value) and the next kernel, or an op exact in that
+    dtype, takes the value before the cast."""
 
     def __init__(self, mod, candidates: list):
         super().__init__(mod)
         self.by_last = {c.last: c for c in candidates}
         self.count = 0
+        self.narrow: dict = {}
 
     def visit_var_binding_(self, binding):
         candidate = self.by_last.get(binding.var)
-        if candidate is None:
-            return super().visit_var_binding_(binding)
-        value = self._kernel_calls(candidate, str(binding.var.ty.dtype))
         emit = self.builder_.emit if isinstance(binding.var, relax.DataflowVar) else self.builder_.emit_output
-        self.set_var_remap(binding.var, emit(value))
+        if candidate is not None:
+            narrow = self._kernel_calls(candidate)
+        else:
+            narrow = self._exact_op(binding.value)
+            if narrow is None:
+                return super().visit_var_binding_(binding)
+        model_dtype = str(binding.var.ty.dtype)
+        if str(narrow.ty.dtype) == model_dtype:
+            self.set_var_remap(binding.var, emit(narrow) if not isinstance(binding.var, relax.DataflowVar) else narrow)
+            return
+        var = emit(relax.op.astype(narrow, model_dtype))
+        self.narrow[var] = narrow
+        self.set_var_remap(binding.var, var)
 
-    def _kernel_calls(self, candidate, model_dtype: str):
+    def _exact_op(self, value):
+        """An op of EXACT_IN_FLOAT16 on a kernel's output, bound in the kernel's dtype; else None."""
+        if not isinstance(value, relax.Call) or getattr(value.op, "name", "") not in EXACT_IN_FLOAT16:
+            return None
+        data = self.visit_expr(value.args[0])
+        if data not in self.narrow:
+            return None
+        return self.builder_.emit(relax.Call(value.op, [self.narrow[data], *value.args[1:]], value.attrs))
+
+    def _in_dtype(self, expr, dtype: str):
+        """expr (of the graph) rewritten and in `dtype`: a kernel's output before its cast back, or cast."""
+        value = self.visit_expr(expr)
+        if value in self.narrow and str(self.narrow[value].ty.dtype) == dtype:
+            return self.narrow[value]
+        return self.builder_.emit(relax.op.astype(value, dtype)) if str(expr.ty.dtype) != dtype else value
+
+    def _kernel_calls(self, candidate):
         """The candidate's op as calls of its planned kernels (one, or two with the intermediate
-        between them), cast from and back to the model's dtype."""
+        between them), bound, in the kernels' dtype."""
         spec, planned, bb = candidate.spec, candidate.plan, self.builder_
-
-        def model_input(expr):
-            value = self.visit_expr(expr)
-            return bb.emit(relax.op.astype(value, spec.dtype) if str(expr.ty.dtype) != spec.dtype else value)
-
-        args = candidate.arguments(bb.emit, model_input)
+        args = candidate.arguments(bb.emit, lambda expr: self._in_dtype(expr, spec.dtype))
         gvars = []
         for func in planned.kernels:
             name = f"{func.attrs['global_symbol']}_{self.count}"
@@ -58,66 +88,84 @@ class _KernelRewriter(relax.PyExprMutator):
             first = len(planned.kernels[0].params) - 1
             mid = bb.emit(relax.call_tir(gvars[0], args[:first], out_ty=relax.TensorType(planned.mid_shape, spec.dtype)))
             y = bb.emit(relax.call_tir(gvars[1], [mid, *args[first:]], out_ty=out_ty))
-        y = relax.op.reshape(y, spec.out_shape)
-        return relax.op.astype(bb.emit(y), model_dtype) if model_dtype != spec.dtype else y
+        return bb.emit(relax.op.reshape(y, spec.out_shape))
 
 
 def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True, db="auto") -> list:
     """Every registered op kind's candidates in mod's main function (op.kind), each planned with
-    the target's schedule rule for that kind: a candidate the rule cannot take stays unfused with
-    the reason. dtype="float16" runs the fused candidates of a float32 model in float16 (fp32
-    accumulation), casting at their boundary. fuse=False: the candidates are listed, none fused (the
-    baseline). db: as for tvm_b2b.build."""
-    candidates = [c for kind in op_kinds().values() for c in kind.find(mod["main"], conv_names)]
-    for candidate in candidates:
-        if candidate.fused and not fuse:
-            candidate.fused, candidate.reason = False, "--no-fuse"
-        if not candidate.fused:
-            continue
-        if dtype and dtype != candidate.spec.dtype:
-            candidate.spec = dataclasses.replace(candidate.spec, dtype=dtype)
-        try:
-            config = resolve_config(candidate.spec, target, True, None, db)
-            # the rule decides what fuses
-            candidate.plan = schedule_plan(candidate.spec, target, True, config, policy=True, kind=candidate.kind)
-        except ValueError as err:
-            candidate.fused, candidate.reason = False, str(err).removeprefix("target: ")
-            continue
-        if not candidate.plan.fused:
-            candidate.fused, candidate.reason = False, f"{candidate.plan.reason}; runs as two tensor-core kernels"
+    the target's schedule rule for that kind: a candidate the rule cannot take stays as it is, with
+    the reason. Kinds are asked in op.kind's order, each after the bindings that the planned
+    candidates of the kinds before it cover (a conv in a fused pair is no single conv). dtype="float16"
+    runs the candidates of a float32 model in float16 (fp32 accumulation), casting at their boundary.
+    fuse=False: no pair fuses (the baseline: their convs run as single convs). db: as for tvm_b2b.build."""
+    candidates, claimed = [], frozenset()
+    for kind in op_kinds().values():
+        found = kind.find(mod["main"], conv_names, claimed)
+        for candidate in found:
+            _plan_candidate(candidate, target, dtype, fuse, db)
+        claimed = claimed.union(*(c.bindings for c in found if c.plan is not None))
+        candidates += found
     return candidates
 
 
-DEFAULT_REASON = "not in a fused pair, and tvm-b2b has no single-convolution kernel yet: TVM's own schedule"
+def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
+    if candidate.fused and not fuse and candidate.kind == PAIR:
+        candidate.fused, candidate.reason = False, "--no-fuse"
+    if not candidate.fused:
+        return
+    if dtype and dtype != candidate.spec.dtype:
+        candidate.spec = dataclasses.replace(candidate.spec, dtype=dtype)
+    try:
+        config = resolve_config(candidate.spec, target, True, None, db)
+        # the rule decides what fuses
+        candidate.plan = schedule_plan(candidate.spec, target, True, config, policy=True, kind=candidate.kind)
+    except ValueError as err:
+        candidate.fused, candidate.reason = False, str(err).removeprefix("target: ")
+        return
+    if not candidate.plan.fused:
+        candidate.fused, candidate.reason = False, f"{candidate.plan.reason}; runs as two tensor-core kernels"
 
 
-def conv_kernels(conv_names: list[str], pairs: list) -> list[dict]:
+def pairs_of(candidates: list) -> list:
+    """The fused pair's candidates among all kinds' (what `report` and `compile` list as pairs)."""
+    return [c for c in candidates if c.kind == PAIR]
+
+
+def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
     """Every conv of the model (ONNX names, graph order) with the kernel it gets: "fused-pair" (one
-    kernel with its partner), "tensorcore" (the template's two tensor-core kernels of a pair that is
-    not fused) or "default" (TVM's own schedule), and why."""
+    kernel with its partner), "tensorcore" (one of our tensor-core kernels alone: a single conv, or
+    a pair run as two kernels), "cpu" (our CPU kernel of a single conv) or "default" (TVM's own
+    schedule), and why."""
     kernels = {}
-    for p in pairs:
-        if p.fused:
-            kernel, reason = "fused-pair", f"fused: {' -> '.join(p.convs)}"
-        elif p.plan is not None:
-            kernel, reason = "tensorcore", p.reason
+    for c in candidates:
+        if c.plan is None:
+            continue
+        if c.kind == PAIR and c.fused:
+            kernel, reason = "fused-pair", f"fused: {' -> '.join(c.convs)}"
+        elif c.kind == PAIR:
+            kernel, reason = "tensorcore", c.reason
         else:
-            continue  # a pair that is not run by our kernels: its convs get the default
-        kernels.update({name: (kernel, reason) for name in p.convs})
-    reasons = {name: f"{DEFAULT_REASON} (its pair: {p.reason})" for p in pairs if p.plan is None
-               for name in p.convs}
+            on_cpu = c.plan.config is None
+            kernel = "cpu" if on_cpu else "tensorcore"
+            reason = f"single conv: {c.spec.to_string()}"
+        kernels.update({name: (kernel, reason) for name in c.convs})
+    reasons = {}
+    for c in candidates:  # the last kind's reason is the one that decided
+        if c.plan is None:
+            reasons.update({name: c.reason for name in c.convs})
     return [{"name": name, "kernel": kernels.get(name, ("default",))[0],
-             "reason": kernels[name][1] if name in kernels else reasons.get(name, DEFAULT_REASON)} for name in conv_names]
+             "reason": kernels[name][1] if name in kernels else f"TVM's own schedule: {reasons.get(name, 'no op kind matched')}"}
+            for name in conv_names]
 
 
 def fuse_pairs(mod, target, pairs: list | None = None):
-    """mod with every planned pair replaced by its kernels (the fused one, or the template's two
-    where fusing does not pay); (module, pairs)."""
+    """mod with every planned candidate (of every op kind: `plan`) replaced by its kernels (a pair's
+    fused one, or the template's two where fusing does not pay; a single conv's); (module, candidates)."""
     pairs = plan(mod, target) if pairs is None else pairs
     fused = [p for p in pairs if p.plan is not None]
     for p in pairs:
         if not p.fused:
-            log.info("not fused: %s -> %s: %s", p.conv3x3, p.conv1x1, p.reason)
+            log.info("not run by tvm-b2b's kernels as %s: %s: %s", p.kind, " -> ".join(p.convs), p.reason)
     if not fused:
         return mod, pairs
     rewriter = _KernelRewriter(mod, fused)

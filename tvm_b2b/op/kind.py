@@ -21,7 +21,7 @@ class OpKind:
 
 OP_KINDS: dict[str, OpKind] = {}
 # the modules that register a kind when imported (imported on first use: TVM's import is slow)
-KIND_MODULES = ("tvm_b2b.op.fused_pair",)
+KIND_MODULES = ("tvm_b2b.op.fused_pair", "tvm_b2b.op.conv2d")  # in planning order: a pair claims its convs first
 
 
 def op_kinds() -> dict[str, OpKind]:

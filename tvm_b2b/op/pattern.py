@@ -38,6 +38,7 @@ class Pair:
     params: dict = field(default_factory=dict)  # w1 HWIO, s1, b1, w2 (k1, k2), s2, b2 as float32
     plan: object = None  # the target's schedule.Plan (its kernels, fused or two), once planned
     kind: str = OP_KIND  # the op kind (op.kind) whose pattern found it
+    bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv3x3 ... last)
 
     @property
     def convs(self) -> tuple[str, str]:
@@ -67,10 +68,12 @@ def _per_channel(value: np.ndarray, channels: int):
     return np.broadcast_to(value.reshape(-1).astype(np.float32), (channels,)).copy()
 
 
-class _Graph:
-    """Bindings and use counts of the function's dataflow block."""
+class Graph:
+    """Bindings and use counts of the function's dataflow block; `claimed`: bindings that another
+    op kind's planned candidate covers already (a chain stops before them)."""
 
-    def __init__(self, func: relax.Function):
+    def __init__(self, func: relax.Function, claimed=frozenset()):
+        self.claimed = claimed
         self.bindings = [b for block in func.body.blocks for b in block.bindings]
         self.value = {b.var: b.value for b in self.bindings}
         self.uses: dict = {}
@@ -94,7 +97,7 @@ def _args(expr):
     return []
 
 
-def _weight_shape(call) -> tuple:
+def weight_shape(call) -> tuple:
     return tuple(int(d) for d in call.args[1].ty.shape)
 
 
@@ -120,7 +123,7 @@ def _conv_problem(call, kernel: int) -> str | None:
     return None
 
 
-def _activation(graph: _Graph, var):
+def _activation(graph: Graph, var):
     """(act name, input var) when var is an activation (op.activation's table) of its input, else (None, var)."""
     name, source = match_activation(graph.value.get(var), graph.value.get, graph.single_use)
     return (name, source) if name else (None, var)
@@ -147,7 +150,7 @@ def _affine_step(call, var, channels: int):
     return steps[op]()
 
 
-def _affine_back(graph: _Graph, var, channels: int):
+def _affine_back(graph: Graph, var, channels: int):
     """Walk back from var through single-use affine ops: (scale, bias, source var)."""
     scale, bias = np.ones(channels, np.float32), np.zeros(channels, np.float32)
     while True:
@@ -161,11 +164,11 @@ def _affine_back(graph: _Graph, var, channels: int):
         var = source
 
 
-def _affine_forward(graph: _Graph, var, channels: int):
+def affine_forward(graph: Graph, var, channels: int):
     """Walk forward from var through single-use affine ops: (scale, bias, last var)."""
     scale, bias = np.ones(channels, np.float32), np.zeros(channels, np.float32)
-    while _sole_user(graph, var) is not None:
-        user = _sole_user(graph, var)
+    while sole_user(graph, var) is not None:
+        user = sole_user(graph, var)
         step = _affine_step(graph.value[user], var, channels)
         if step is None:
             break
@@ -174,22 +177,31 @@ def _affine_forward(graph: _Graph, var, channels: int):
     return scale, bias, var
 
 
-def _sole_user(graph: _Graph, var):
-    """The one binding that uses var (None if it has several, or is the function's output)."""
-    return graph.uses[var][0] if graph.single_use(var) else None
+def sole_user(graph: Graph, var):
+    """The one binding that uses var (None if it has several, is the function's output, or is claimed)."""
+    user = graph.uses[var][0] if graph.single_use(var) else None
+    return None if user in graph.claimed else user
 
 
-def _epilogue(graph: _Graph, var, shape):
+def chain(graph: Graph, start, last) -> frozenset:
+    """The bindings from `start` to `last`, following sole users: what a candidate covers."""
+    covered = [start]
+    while not covered[-1].same_as(last) and graph.single_use(covered[-1]) and graph.uses[covered[-1]][0] is not None:
+        covered.append(graph.uses[covered[-1]][0])
+    return frozenset(covered)
+
+
+def epilogue(graph: Graph, var, shape):
     """Residual add and act2 after var: (residual expr or None, act2, last var)."""
     residual = None
-    user = _sole_user(graph, var)
+    user = sole_user(graph, var)
     if user is not None and relax_op(graph.value[user]) == "relax.add":
         other = [a for a in graph.value[user].args if not a.same_as(var)]
-        if len(other) == 1 and relax_const(other[0]) is None and _shape(other[0]) == shape:
+        if len(other) == 1 and relax_const(other[0]) is None and shape_of(other[0]) == shape:
             residual, var = other[0], user
     act2 = "none"
-    user = _sole_user(graph, var)
-    after = _sole_user(graph, user) if user is not None else None
+    user = sole_user(graph, var)
+    after = sole_user(graph, user) if user is not None else None
     act, source = _activation(graph, after) if after is not None else (None, None)
     if act == "relu6" and source.same_as(var):  # min(max(var, 0), 6)
         act2, var = "relu6", after
@@ -200,32 +212,32 @@ def _epilogue(graph: _Graph, var, shape):
     return residual, act2, var
 
 
-def _shape(expr) -> tuple:
+def shape_of(expr) -> tuple:
     return tuple(int(d) for d in expr.ty.shape)
 
 
-def _dtype(expr) -> str:
+def dtype_of(expr) -> str:
     return str(expr.ty.dtype)
 
 
-def find_pairs(func: relax.Function, conv_names: list[str] | None = None) -> list[Pair]:
+def find_pairs(func: relax.Function, conv_names: list[str] | None = None, claimed=frozenset()) -> list[Pair]:
     """Every 3x3 -> 1x1 candidate of `func`, with the fused ones' parameters folded.
     conv_names: a name for each conv2d in binding order (the ONNX Conv nodes, which the importer
     emits in graph order); default 'conv2d#i'."""
-    graph = _Graph(func)
+    graph = Graph(func, claimed)
     convs = [b.var for b in graph.bindings if relax_op(b.value) == "relax.nn.conv2d"]
     names = {var: (conv_names[i] if conv_names and i < len(conv_names) else f"conv2d#{i}") for i, var in enumerate(convs)}
     pairs = []
     for var in convs:
-        if _weight_shape(graph.value[var])[1:3] == (1, 1):
+        if weight_shape(graph.value[var])[1:3] == (1, 1):
             pair = _match(graph, var, graph.value[var], names)
             if pair is not None:
                 pairs.append(pair)
     return pairs
 
 
-def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
-    k2, _, _, k1 = _weight_shape(conv2)
+def _match(graph: Graph, var2, conv2, names: dict) -> Pair | None:
+    k2, _, _, k1 = weight_shape(conv2)
     src = conv2.args[0]
     unsupported = None
     act1, src_act = _activation(graph, src)
@@ -243,11 +255,11 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
         if src is None:
             return None
     conv1 = graph.value.get(src)
-    if relax_op(conv1) != "relax.nn.conv2d" or _weight_shape(conv1)[1:3] != (3, 3):
+    if relax_op(conv1) != "relax.nn.conv2d" or weight_shape(conv1)[1:3] != (3, 3):
         return None
     pair = Pair(conv3x3=names[src], conv1x1=names[var2])
     used_twice = used_twice or not graph.single_use(src) or not graph.single_use(conv2.args[0])
-    dtype = _dtype(conv2)
+    dtype = dtype_of(conv2)
     reasons = [_conv_problem(conv1, 3), _conv_problem(conv2, 1),
                unsupported and f"unsupported op between the convolutions: {unsupported}",
                used_twice and "the intermediate has another consumer",
@@ -255,9 +267,9 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
     if any(reasons):
         pair.reason = "; ".join(r for r in reasons if r)  # every reason, not only the first
         return pair
-    s2, b2, last = _affine_forward(graph, var2, k2)
-    residual, act2, last = _epilogue(graph, last, _shape(conv2))
-    n, h, w, c = _shape(conv1.args[0])
+    s2, b2, last = affine_forward(graph, var2, k2)
+    residual, act2, last = epilogue(graph, last, shape_of(conv2))
+    n, h, w, c = shape_of(conv1.args[0])
     pair.spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=int(conv1.attrs.strides[0]), act1=act1 or "none",
                               act2=act2, residual=residual is not None, dtype=dtype)
     pair.params = dict(
@@ -267,4 +279,5 @@ def _match(graph: _Graph, var2, conv2, names: dict) -> Pair | None:
         s2=s2, b2=b2,
     )
     pair.x, pair.residual, pair.last, pair.fused = conv1.args[0], residual, last, True
+    pair.bindings = chain(graph, src, last)
     return pair

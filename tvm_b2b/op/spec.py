@@ -106,14 +106,14 @@ class FusedConvSpec:
             key, raw = key.strip(), raw.strip()
             if not sep or key not in known:
                 raise ValueError(f"{key or item}: not a spec field (expected one of {', '.join(known)})")
-            values[key] = _parse_value(key, raw)
+            values[key] = parse_value(key, raw)
         missing = [name for name in SIZE_FIELDS if name not in values]
         if missing:
             raise ValueError(f"{missing[0]}: missing from the spec")
         return cls(**values)
 
 
-def _parse_value(key: str, raw: str) -> object:
+def parse_value(key: str, raw: str) -> object:
     if key == "residual":
         lowered = raw.lower()
         if lowered in ("1", "true", "yes", "on"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..op.conv import OP_KIND as CONV
 from ..op.spec import OP_KIND, FusedConvSpec
 from ..target import target_info
 
@@ -29,7 +30,14 @@ class Plan:
 
 
 # (op kind, target kind) -> the module under schedule/ whose RULE schedules that kind for that target
-RULES = {(OP_KIND, "llvm"): "cpu", (OP_KIND, "cuda"): "cuda_wmma"}
+RULES = {(OP_KIND, "llvm"): "cpu", (OP_KIND, "cuda"): "cuda_wmma", (CONV, "llvm"): "cpu_conv", (CONV, "cuda"): "cuda_conv"}
+
+
+def kind_of(spec) -> str:
+    """The op kind (op.kind's registry) whose spec type `spec` is."""
+    from ..op.kind import op_kinds
+
+    return next(k.name for k in op_kinds().values() if isinstance(spec, k.spec))
 
 
 def rule_for(target, kind: str = OP_KIND):
@@ -43,13 +51,13 @@ def rule_for(target, kind: str = OP_KIND):
     return importlib.import_module(f"{__name__}.{module}").RULE
 
 
-def plan(spec: FusedConvSpec, target, fused: bool = True, config=None, policy: bool = False,
-         kind: str = OP_KIND) -> Plan:
+def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
+         kind: str | None = None) -> Plan:
     """The op's kernels for `target`, scheduled by the rule for its kind. fused=False asks for the
     two-kernel form; policy: fuse only where the rule measured fusing to pay (a model's pairs);
     config: the rule's parameters (None: its defaults)."""
     info = target_info(target)
-    rule = rule_for(info, kind)
+    rule = rule_for(info, kind or kind_of(spec))
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")

@@ -19,12 +19,12 @@ REG_PIXELS = 4
 REG_CHANNELS = 64
 
 
-def _schedule_reduction(sch, block, tile_loop, vec_extent: int):
+def schedule_reduction(sch, block, tile_loop, vec_extent: int):
     """compute_at `block` (a GEMM-like reduction over (m, k)) under `tile_loop` and register-block
     it: for each group of REG_PIXELS pixels x REG_CHANNELS channels, run the whole reduction
     with the accumulators in vector registers (inner loops unrolled), then move on."""
     sch.compute_at(block, tile_loop, preserve_unit_loops=True)
-    # the tile loop is the outermost one (see _tile_output): the block's own loops follow it
+    # the tile loop is the outermost one (see tile_output): the block's own loops follow it
     m, k, *reduction = sch.get_loops(block)[1:]
     lanes = vector_lanes(vec_extent)
     vectors = max(1, min(REG_CHANNELS // lanes, vec_extent // lanes))
@@ -48,7 +48,7 @@ def _schedule_elementwise(sch, block, tile_loop, extent: int):
     sch.vectorize(lanes)
 
 
-def _tile_output(sch, block_name: str):
+def tile_output(sch, block_name: str):
     """Split the output block's m loop into parallel tiles; return (tile loop, output loops)."""
     block = sch.get_sblock(block_name)
     m, k = sch.get_loops(block)
@@ -62,20 +62,20 @@ def schedule_cpu(func) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     fused = has_block(sch, "conv1") and has_block(sch, "conv2")
     last = "out" if has_block(sch, "out") else "mid"
-    out, tile, k = _tile_output(sch, last)
+    out, tile, k = tile_output(sch, last)
     out_extent = int(sch.get(k).extent)
     _, lanes = sch.split(k, [None, vector_lanes(out_extent)])
     sch.vectorize(lanes)
     if has_block(sch, "conv2"):
         k2 = int(sch.get(sch.get_loops(sch.get_sblock("conv2"))[-2]).extent)
-        _schedule_reduction(sch, sch.get_sblock("conv2"), tile, k2)
+        schedule_reduction(sch, sch.get_sblock("conv2"), tile, k2)
     if fused:
         k1 = int(sch.get(sch.get_loops(sch.get_sblock("mid"))[-1]).extent)
         _schedule_elementwise(sch, sch.get_sblock("mid"), tile, k1)
     if has_block(sch, "conv1"):
         sch.compute_inline(sch.get_sblock("pad"))
         k1 = int(sch.get(sch.get_loops(sch.get_sblock("conv1"))[-4]).extent)
-        _schedule_reduction(sch, sch.get_sblock("conv1"), tile, k1)
+        schedule_reduction(sch, sch.get_sblock("conv1"), tile, k1)
     return sch
 
 

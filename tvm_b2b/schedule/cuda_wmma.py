@@ -183,6 +183,14 @@ def stages_residual(spec: FusedConvSpec, cfg: WmmaConfig) -> bool:
 def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaConfig:
     """The config if its tiles divide the spec's padded extents and the arch has what it uses,
     else ValueError naming the field."""
+    ext = extents(spec)
+    return check_fields(spec, cfg, arch, (("m_tile", ext["m"], "pixel rows"), ("k_tile", ext["r"], "3x3 reduction"),
+                                          ("n1_tile", ext["k1"], "k1 channels"), ("n2_tile", ext["k2"], "k2 channels")))
+
+
+def check_fields(spec, cfg: WmmaConfig, arch: int, tiled) -> WmmaConfig:
+    """check_config of any op this template schedules: `tiled` lists (field, padded extent, what it
+    tiles), each field of cfg having to divide its extent."""
     cfg.knobs()
     if cfg.pipeline not in PIPELINE_DEPTHS:
         raise ValueError(f"config: pipeline={cfg.pipeline} is not a depth this template takes ({', '.join(map(str, PIPELINE_DEPTHS))})")
@@ -192,15 +200,13 @@ def check_config(spec: FusedConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaCo
         raise ValueError(f"config: epilogue={cfg.epilogue} reads mma.sync accumulator registers: it needs mma=1")
     if cfg.mma and arch < 80:
         raise ValueError(f"config: mma=1 needs sm_80 or newer (mma.sync m16n8k16), not sm_{arch}")
-    ext = extents(spec)
-    for field, extent, what in (("m_tile", ext["m"], "pixel rows"), ("k_tile", ext["r"], "3x3 reduction"),
-                                ("n1_tile", ext["k1"], "k1 channels"), ("n2_tile", ext["k2"], "k2 channels")):
+    for field, extent, what in tiled:
         if extent % getattr(cfg, field):
             raise ValueError(f"config: {field}={getattr(cfg, field)} does not divide the {extent} padded {what} of {spec.to_string()}")
     return cfg
 
 
-def _aligned_row(row: int, factor: int, offset: int) -> int:
+def aligned_row(row: int, factor: int, offset: int) -> int:
     """Row stride after storage_align(factor, offset): the smallest >= row that is offset mod factor."""
     return round_up(row - offset, factor) + offset
 
@@ -211,15 +217,15 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     fp32 accumulators and its operand tiles, conv2's also the residual tile if staged;
     tests/test_lower.py checks the bound)."""
     ext, e = extents(spec), DTYPE_BYTES[spec.dtype]
-    mid = cfg.m_tile * _aligned_row(ext["k1"], 64, 8) * e
+    mid = cfg.m_tile * aligned_row(ext["k1"], 64, 8) * e
     widest = max(cfg.n1_tile, cfg.n2_tile)
     # the epilogues' shared tile: fp32 accumulators (epilogue=0), none (1), the fp16 tile that global
     # stores read (2; fused: conv2's chunk, unfused: the wider one)
-    acc = {0: cfg.m_tile * _aligned_row(widest, 32, 4) * 4, 1: 0, 2: cfg.m_tile * _aligned_row(widest, 64, 8) * e}[cfg.epilogue]
-    stage1 = cfg.m_tile * _aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * _aligned_row(cfg.n1_tile, 64, 8)
-    stage2 = CONV2_K_FRAGS * MMA * _aligned_row(cfg.n2_tile, 64, 8)
+    acc = {0: cfg.m_tile * aligned_row(widest, 32, 4) * 4, 1: 0, 2: cfg.m_tile * aligned_row(widest, 64, 8) * e}[cfg.epilogue]
+    stage1 = cfg.m_tile * aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * aligned_row(cfg.n1_tile, 64, 8)
+    stage2 = CONV2_K_FRAGS * MMA * aligned_row(cfg.n2_tile, 64, 8)
     copies = cfg.pipeline + 1  # one buffer per step in flight
-    residual = cfg.m_tile * _aligned_row(cfg.n2_tile, 64, 8) if stages_residual(spec, cfg) else 0  # live in conv2's phase
+    residual = cfg.m_tile * aligned_row(cfg.n2_tile, 64, 8) if stages_residual(spec, cfg) else 0  # live in conv2's phase
     alignment = 6 * 128  # tvm_b2b.lower starts each of (at most 6) buffers on a 128-byte boundary
     return mid + acc + e * max(stage1 * copies, stage2 * copies + residual) + alignment
 
@@ -305,16 +311,11 @@ class WmmaFusedSchedule:
 
     def run(self) -> s_tir.Schedule:
         sch, knob = self.sch, self.knob
+        if has_block(sch, "w_gemm"):
+            return self._single_conv()
         has1, has2 = has_block(sch, "conv1"), has_block(sch, "conv2")
-        last = sch.get_sblock("out_pad" if has2 else "mid")  # tiles cover the padded extents
-        m, n = sch.get_loops(last)
-        block_x, *m_in = sch.split(m, [None, knob["warps_m"], knob["frags_m"], MMA])
-        frags_n = knob["frags_n2" if has2 else "frags_n1"]
-        n_chunk, *n_in = sch.split(n, [None, knob["warps_n"], frags_n, MMA])
-        sch.reorder(block_x, n_chunk, *m_in, *n_in)
-        sch.fuse(*m_in)
-        sch.fuse(*n_in)
-        sch.bind(block_x, "blockIdx.x")
+        # tiles cover the padded extents
+        block_x, n_chunk = self._output_tiles("out_pad" if has2 else "mid", knob["frags_n2" if has2 else "frags_n1"])
         if not (has1 and has2):
             # one stage alone: its channel chunks are independent, so they are blocks too (many
             # blocks even where few pixels give few row tiles)
@@ -328,6 +329,39 @@ class WmmaFusedSchedule:
             self._stage1(fused=has2)
         if has2:
             self._stage2(fused=has1)
+        return sch
+
+    def _output_tiles(self, block: str, frags_n):
+        """Tiles the padded output `block`: (pixel tiles, bound to blockIdx.x; channel chunks of
+        `frags_n` fragments per warp)."""
+        sch, knob = self.sch, self.knob
+        m, n = sch.get_loops(sch.get_sblock(block))
+        block_x, *m_in = sch.split(m, [None, knob["warps_m"], knob["frags_m"], MMA])
+        n_chunk, *n_in = sch.split(n, [None, knob["warps_n"], frags_n, MMA])
+        sch.reorder(block_x, n_chunk, *m_in, *n_in)
+        sch.fuse(*m_in)
+        sch.fuse(*n_in)
+        sch.bind(block_x, "blockIdx.x")
+        return block_x, n_chunk
+
+    def _single_conv(self) -> s_tir.Schedule:
+        """One convolution (op.conv's GEMM form): a pixel tile and a channel chunk per block (the
+        chunks are blocks too: many blocks even where few pixels give few row tiles), its im2col and
+        weight tiles staged like the pair's conv1, its epilogue like the pair's conv2."""
+        sch, spec = self.sch, self.spec
+        _, n_chunk = self._output_tiles("out_pad", self.knob["frags_n1"])
+        sch.bind(n_chunk, "blockIdx.y")
+        sch.compute_at(sch.get_sblock("conv"), n_chunk)
+        g = self._gemm(sch.get_sblock("conv"), self.knob["frags_n1"], self.knob["frags_k"])
+        self._to_shared(g, 0, vector_lanes(spec.c, 8))
+        self._to_shared(g, 1, vector_lanes(spec.k, 8))
+        sch.compute_inline(sch.get_sblock("im2col"))
+        sch.compute_inline(sch.get_sblock("w_gemm"))
+        sch.compute_inline(sch.get_sblock("out_pad"))
+        self._epilogue(g, sch.get_sblock("out"), spec.k, to_global=True)
+        if self.residual_tile:
+            self._residual_tile(g, sch.get_sblock("out"), spec.k)
+        self._tensorize(g)
         return sch
 
     def _stage1(self, fused: bool):
@@ -536,6 +570,7 @@ class TensorCoreRule:
 
     name = "CUDA"
     knobs = KNOBS
+    workload = staticmethod(workload)
 
     def can_implement(self, spec: FusedConvSpec, info) -> str | None:
         return unsupported_reason(spec, info.arch)

@@ -329,10 +329,10 @@ def tuned_config(spec, target, directory):
     """The config of the best record in `directory` for this spec on the target's arch, or None.
     Records are keyed on the spec's workload (structural equality), so a record of another shape
     or GPU arch is never applied."""
-    from ..schedule import cuda_wmma
+    from ..schedule import kind_of, rule_for
     from ..schedule.cuda_wmma import config_of
 
-    record = best_record(open_database(directory), cuda_wmma.workload(spec), target)
+    record = best_record(open_database(directory), rule_for(target, kind_of(spec)).workload(spec), target)
     if record is None:
         return None
     config = config_of(record.trace)
@@ -342,9 +342,9 @@ def tuned_config(spec, target, directory):
     return config
 
 
-def resolve_config(spec: FusedConvSpec, target, fused: bool, config=None, db="auto"):
+def resolve_config(spec, target, fused: bool, config=None, db="auto"):
     """The schedule parameters a build uses: the given config, else the tuned one from `db`
-    (CUDA, fused op), else None (the rule's defaults)."""
+    (CUDA; a pair fused), else None (the rule's defaults). spec: any op kind's."""
     info = target_info(target)
     if config is not None or not info.is_cuda or not fused or not db:
         return config

@@ -1,0 +1,236 @@
+"""ConvSpec: one convolution with its epilogue, the op kind every conv that is not in a fused pair
+runs as (op kind "conv2d"):
+
+y = act( conv(x, w, kh x kw, stride, pad) * s + b [+ r] )
+
+Layouts: x NHWC (n, h, w, c); w HWIO (kh, kw, c, k); s, b (k,) float32; r and y NHWC (n, ho, wo, k).
+groups=1 and no dilation (grouped and depthwise convs are another op kind's). Accumulation is float32.
+Also the op's TE definition (plain, and the padded GEMM form tensor cores take) and numpy reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import te, tirx
+
+from .activation import activation
+from .reference import np_dtype
+from .spec import ACTIVATIONS, DTYPES, parse_value
+
+OP_KIND = "conv2d"
+SIZE_FIELDS = ("n", "h", "w", "c", "k")
+SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w")  # defaulted: a 1x1 stride-1 conv
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    kh: int = 1
+    kw: int = 1
+    stride: int = 1
+    pad_h: int = 0
+    pad_w: int = 0
+    act: str = "relu"
+    residual: bool = False
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        for name in SIZE_FIELDS + SHAPE_FIELDS:
+            value = getattr(self, name)
+            least = 0 if name.startswith("pad") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
+        if self.pad_h >= self.kh or self.pad_w >= self.kw:
+            raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.kh}, {self.kw})")
+        if self.ho < 1 or self.wo < 1:
+            raise ValueError(f"kernel: {self.kh}x{self.kw} is larger than the padded {self.h}x{self.w} input")
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"act: expected one of {ACTIVATIONS}, got {self.act!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.residual, bool):
+            raise ValueError(f"residual: expected a bool, got {self.residual!r}")
+
+    @property
+    def ho(self) -> int:
+        return (self.h + 2 * self.pad_h - self.kh) // self.stride + 1
+
+    @property
+    def wo(self) -> int:
+        return (self.w + 2 * self.pad_w - self.kw) // self.stride + 1
+
+    @property
+    def m(self) -> int:
+        """Rows of the implicit GEMM: one per output pixel."""
+        return self.n * self.ho * self.wo
+
+    @property
+    def r(self) -> int:
+        """Depth of the implicit GEMM: the kh x kw taps of every input channel."""
+        return self.kh * self.kw * self.c
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.r * self.k
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.ho, self.wo, self.k)
+
+    def arg_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Name -> (shape, dtype) of every input, in call order (residual last, when present)."""
+        shapes = {
+            "x": ((self.n, self.h, self.w, self.c), self.dtype),
+            "w": ((self.kh, self.kw, self.c, self.k), self.dtype),
+            "s": ((self.k,), "float32"),
+            "b": ((self.k,), "float32"),
+        }
+        if self.residual:
+            shapes["residual"] = (self.out_shape, self.dtype)
+        return shapes
+
+    def to_string(self) -> str:
+        return ",".join(f"{f.name}={int(v) if isinstance(v, bool) else v}"
+                        for f in dataclasses.fields(self) for v in [getattr(self, f.name)])
+
+    @classmethod
+    def parse(cls, text: str) -> "ConvSpec":
+        """'n=1,h=56,w=56,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1,...' (sizes required, the rest defaulted)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, raw = (p.strip() for p in item.partition("="))
+            if not sep or key not in known:
+                raise ValueError(f"{key or item}: not a conv spec field (expected one of {', '.join(known)})")
+            values[key] = int(raw) if key in SIZE_FIELDS + SHAPE_FIELDS and raw.lstrip("-").isdigit() else parse_value(key, raw)
+        missing = [name for name in SIZE_FIELDS if name not in values]
+        if missing:
+            raise ValueError(f"{missing[0]}: missing from the spec")
+        return cls(**values)
+
+
+# -- TE definition ----------------------------------------------------------------------------------
+def _pixel(spec: ConvSpec, m):
+    return m // (spec.ho * spec.wo), m // spec.wo % spec.ho, m % spec.wo
+
+
+def _tap(spec: ConvSpec, r):
+    """(row tap, column tap, channel) of reduction index r (HWIO order: channels fastest)."""
+    return r // (spec.kw * spec.c), r // spec.c % spec.kw, r % spec.c
+
+
+def _guard(cond, value, dtype):
+    return tirx.if_then_else(cond, value, tirx.const(0, dtype))
+
+
+def _inputs(spec: ConvSpec):
+    shapes = spec.arg_shapes()
+    inputs = [te.placeholder(shapes[name][0], shapes[name][1], name) for name in ("x", "w", "s", "b")]
+    if spec.residual:  # as its (m, k) GEMM view, like the output
+        inputs.append(te.placeholder((spec.m, spec.k), spec.dtype, "residual"))
+    return inputs
+
+
+def _output(spec: ConvSpec, inputs, pre):
+    """y (m, k) = act(pre(m, k) [+ residual]) in spec.dtype, pre being float32."""
+    if spec.residual:
+        res = inputs[4]
+        body = lambda m, k: pre(m, k) + res[m, k].astype("float32")  # noqa: E731
+    else:
+        body = pre
+    return te.compute((spec.m, spec.k), lambda m, k: activation(spec.act).te(body(m, k)).astype(spec.dtype), name="out")
+
+
+def conv_prim_func(spec: ConvSpec, ext: dict[str, int] | None = None, name: str = "conv2d"):
+    """The op as one PrimFunc (x, w, s, b, [residual (m, k)], y (m, k)): a direct convolution over a
+    padded input (blocks pad, conv, out), or with `ext` the padded GEMM form tensor cores take (blocks
+    im2col, w_gemm, conv, out_pad, out; see padded_conv_extents)."""
+    inputs = _inputs(spec)
+    out = _gemm_form(spec, ext, inputs) if ext is not None else _direct_form(spec, inputs)
+    return te.create_prim_func(inputs + [out]).with_attr("global_symbol", name)
+
+
+def _direct_form(spec: ConvSpec, inputs):
+    x, w, s, b = inputs[:4]
+    ph, pw, st = spec.pad_h, spec.pad_w, spec.stride
+    pad = te.compute(
+        (spec.n, spec.h + 2 * ph, spec.w + 2 * pw, spec.c),
+        lambda n, h, w_, c: _guard(tirx.all(h >= ph, h < spec.h + ph, w_ >= pw, w_ < spec.w + pw),
+                                   x[n, h - ph, w_ - pw, c], spec.dtype),
+        name="pad",
+    )
+    rh, rw, rc = te.reduce_axis((0, spec.kh), "rh"), te.reduce_axis((0, spec.kw), "rw"), te.reduce_axis((0, spec.c), "rc")
+
+    def conv_at(m, k):
+        n, oh, ow = _pixel(spec, m)
+        a = pad[n, oh * st + rh, ow * st + rw, rc].astype("float32")
+        return te.sum(a * w[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
+
+    conv = te.compute((spec.m, spec.k), conv_at, name="conv")
+    return _output(spec, inputs, lambda m, k: conv[m, k] * s[k] + b[k])
+
+
+def _gemm_form(spec: ConvSpec, ext: dict[str, int], inputs):
+    """im2col(x) (ext m, ext r) @ w as (ext r, ext k), zero-padded, then the epilogue; the tiles
+    cover the padded extents (out_pad) and the store to y trims."""
+    x, w, s, b = inputs[:4]
+    dt, st = spec.dtype, spec.stride
+
+    def im2col_at(m, r):
+        n, oh, ow = _pixel(spec, m)
+        i, j, c = _tap(spec, r)
+        ih, iw = oh * st + i - spec.pad_h, ow * st + j - spec.pad_w
+        inside = tirx.all(m < spec.m, r < spec.r, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
+        return _guard(inside, x[n, ih, iw, c], dt)
+
+    a = te.compute((ext["m"], ext["r"]), im2col_at, name="im2col")
+    wg = te.compute((ext["r"], ext["k"]),
+                    lambda r, k: _guard(tirx.all(r < spec.r, k < spec.k), w[(*_tap(spec, r), k)], dt), name="w_gemm")
+    rr = te.reduce_axis((0, ext["r"]), "r")
+    conv = te.compute((ext["m"], ext["k"]),
+                      lambda m, k: te.sum(a[m, rr].astype("float32") * wg[rr, k].astype("float32"), axis=[rr]), name="conv")
+    out_pad = te.compute((ext["m"], ext["k"]), lambda m, k: _guard(k < spec.k, conv[m, k] * s[k] + b[k], "float32"),
+                         name="out_pad")
+    return _output(spec, inputs, lambda m, k: out_pad[m, k])
+
+
+def padded_conv_extents(spec: ConvSpec, m_unit: int, r_unit: int, k_unit: int) -> dict[str, int]:
+    """The implicit GEMM's extents rounded up to whole tiles. The reduction is kh*kw*c padded once
+    (not each tap's channels): a 3-channel 7x7 stem does 192 steps for its 147, not 49 x 16."""
+    up = lambda v, u: -(-v // u) * u  # noqa: E731
+    return {"m": up(spec.m, m_unit), "r": up(spec.r, r_unit), "k": up(spec.k, k_unit)}
+
+
+# -- numpy reference --------------------------------------------------------------------------------
+def conv_reference(spec: ConvSpec, x, w, s, b, residual=None) -> np.ndarray:
+    """y (n, ho, wo, k) in spec.dtype; float32 math."""
+    f32, st = np.float32, spec.stride
+    xp = np.pad(x.astype(f32), ((0, 0), (spec.pad_h, spec.pad_h), (spec.pad_w, spec.pad_w), (0, 0)))
+    acc = np.zeros(spec.out_shape, f32)
+    for i in range(spec.kh):
+        for j in range(spec.kw):
+            window = xp[:, i: i + st * (spec.ho - 1) + 1: st, j: j + st * (spec.wo - 1) + 1: st, :]
+            acc += window @ w[i, j].astype(f32)
+    pre = acc * s.astype(f32) + b.astype(f32)
+    if spec.residual:
+        pre = pre + residual.astype(f32)
+    return activation(spec.act).numpy(pre).astype(np_dtype(spec.dtype))
+
+
+def conv_random_inputs(spec: ConvSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs that keep outputs O(1) at any size (weights ~ 1/sqrt(fan_in))."""
+    rng = np.random.default_rng(seed)
+    scales = {"w": spec.r ** -0.5, "b": 0.1}
+    arrays = {}
+    for name, (shape, dtype) in spec.arg_shapes().items():
+        if name == "s":
+            arrays[name] = rng.uniform(0.5, 1.5, shape).astype(dtype)
+        else:
+            arrays[name] = (rng.standard_normal(shape) * scales.get(name, 1.0)).astype(np_dtype(dtype))
+    return arrays

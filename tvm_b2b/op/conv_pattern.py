@@ -1,0 +1,109 @@
+"""The single convolution's graph pattern: every conv2d of a normalized Relax function (frontend/
+normalize.py) that no other op kind's planned candidate covers, with what follows it folded into its
+epilogue: per-channel affine ops (bias, BatchNormalization decomposed) into s and b, then a residual
+add and an activation. A conv this op kind cannot take is reported with every reason, never rewritten.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+
+from .activation import relax_const, relax_op
+from .conv import OP_KIND, ConvSpec
+from .pattern import Graph, affine_forward, chain, dtype_of, epilogue, shape_of, weight_shape
+from .reference import np_dtype
+
+
+@dataclass
+class ConvCandidate:
+    """One convolution; `fused` says whether it runs as this op kind's kernel (with its epilogue
+    folded in), `reason` why not."""
+
+    conv: str
+    fused: bool = False
+    reason: str = ""
+    spec: ConvSpec | None = None
+    x: object = None  # the conv's input (Relax expression)
+    residual: object = None  # the residual's Relax expression, when there is one
+    last: object = None  # the Var whose binding the op replaces
+    params: dict = field(default_factory=dict)  # w HWIO, s, b as float32
+    plan: object = None  # the target's schedule.Plan, once planned
+    kind: str = OP_KIND
+    bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv ... last)
+
+    @property
+    def convs(self) -> tuple[str]:
+        return (self.conv,)
+
+    def to_json(self) -> dict:
+        return {"conv": self.conv, "fused": self.fused, "reason": self.reason}
+
+    def arguments(self, emit, model_input) -> list:
+        """(x, w, s, b[, residual]) as the kernel takes them: w a constant in the spec's dtype, x and
+        the residual through `model_input`, the residual as its (m, k) GEMM view."""
+        spec, p = self.spec, self.params
+        args = [model_input(self.x), relax.const(p["w"].astype(np_dtype(spec.dtype))), relax.const(p["s"]),
+                relax.const(p["b"])]
+        if self.residual is not None:
+            args.append(emit(relax.op.reshape(model_input(self.residual), (spec.m, spec.k))))
+        return args
+
+
+def conv_problems(call) -> list[str]:
+    """Every reason this op kind cannot take the conv2d `call` (empty when it can)."""
+    a = call.attrs
+    problems = []
+    if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI":
+        problems.append("convolution not in NHWC/OHWI layout")
+    if int(a.groups) != 1:
+        problems.append(f"grouped conv (groups={int(a.groups)}): not a single dense convolution")
+    if any(int(d) != 1 for d in a.dilation):
+        problems.append(f"dilation {[int(d) for d in a.dilation]}")
+    if relax_const(call.args[1]) is None:
+        problems.append("weight is not a constant")
+    top, left, bottom, right = (int(p) for p in a.padding)
+    if (top, left) != (bottom, right):
+        problems.append(f"asymmetric padding {[top, left, bottom, right]}")
+    strides = [int(s) for s in a.strides]
+    if strides[0] != strides[1]:
+        problems.append(f"strides {strides} differ")
+    dtype = dtype_of(call)
+    if dtype not in ("float32", "float16"):
+        problems.append(f"dtype {dtype}")
+    if not problems:
+        _, kh, kw, _ = weight_shape(call)
+        if top >= kh or left >= kw:
+            problems.append(f"padding {[top, left]} not smaller than the {kh}x{kw} kernel")
+    return problems
+
+
+def find_convs(func: relax.Function, conv_names: list[str] | None = None, claimed=frozenset()) -> list[ConvCandidate]:
+    """Every conv2d of `func` not in `claimed` (bindings another kind's planned candidate covers), each
+    with its epilogue folded in. conv_names: as for op.pattern.find_pairs."""
+    graph = Graph(func, claimed)
+    convs = [b.var for b in graph.bindings if relax_op(b.value) == "relax.nn.conv2d"]
+    names = {var: (conv_names[i] if conv_names and i < len(conv_names) else f"conv2d#{i}") for i, var in enumerate(convs)}
+    return [_match(graph, var, names[var]) for var in convs if var not in claimed]
+
+
+def _match(graph: Graph, var, name: str) -> ConvCandidate:
+    call = graph.value[var]
+    candidate = ConvCandidate(conv=name)
+    problems = conv_problems(call)
+    if problems:
+        candidate.reason = "; ".join(problems)
+        return candidate
+    k, kh, kw, c = weight_shape(call)
+    scale, bias, last = affine_forward(graph, var, k)
+    residual, act, last = epilogue(graph, last, shape_of(call))
+    n, h, w, _ = shape_of(call.args[0])
+    top, left = (int(p) for p in call.attrs.padding[:2])
+    candidate.spec = ConvSpec(n=n, h=h, w=w, c=c, k=k, kh=kh, kw=kw, stride=int(call.attrs.strides[0]), pad_h=top,
+                              pad_w=left, act=act, residual=residual is not None, dtype=dtype_of(call))
+    weight = relax_const(call.args[1]).astype(np.float32).transpose(1, 2, 3, 0)  # OHWI -> HWIO
+    candidate.params = {"w": np.ascontiguousarray(weight), "s": scale, "b": bias}
+    candidate.x, candidate.residual, candidate.last, candidate.fused = call.args[0], residual, last, True
+    candidate.bindings = chain(graph, var, last)
+    return candidate

@@ -1,0 +1,94 @@
+"""CUDA tensor-core rule of the single convolution (op.conv, any kh x kw, stride, padding; groups=1):
+the fused pair's template (cuda_wmma) on one implicit GEMM. Each block computes `m_tile` output pixels
+x `n1_tile` channels: im2col and weight tiles gathered into shared memory (zero padding by
+predicate; cp.async `pipeline` steps ahead), ldmatrix + mma.sync (WMMA before sm_80), then the
+scale/bias/[residual]/act epilogue from the accumulators. The reduction (kh*kw*c) is padded as a
+whole, so a 3-channel 7x7 stem computes 192 reduction steps for its 147.
+Parameters are the pair's WmmaConfig; the conv uses m_tile, warps, n1_tile, k_tile, pipeline, mma and
+epilogue (n2_tile is the pair's second GEMM's, unused here).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..op.conv import ConvSpec, conv_prim_func, padded_conv_extents
+from ..target import max_shared_bytes
+from .cuda_wmma import (CHANNEL_UNIT, DTYPE_BYTES, KNOBS, MIN_BLOCKS, WmmaConfig, aligned_row, buildable_schedules,
+                        check_fields, marked, pixel_unit, stages_residual, unsupported_reason)
+
+
+def extents(spec: ConvSpec) -> dict[str, int]:
+    """The padded GEMM extents, fixed per spec (every config schedules the same PrimFunc)."""
+    return padded_conv_extents(spec, pixel_unit(spec), CHANNEL_UNIT, CHANNEL_UNIT)
+
+
+def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
+    """The untuned choice, 2x2 warps, 64-channel chunks. sm_80 and newer: ldmatrix + mma.sync, loads
+    one 64-deep step ahead, the largest pixel tile (128/64/32) that still gives MIN_BLOCKS blocks
+    (pixel tiles x channel chunks), epilogue from the registers through the fp16 tile from 64-pixel
+    tiles up (as the pair's default, cuda_wmma.default_config). Older GPUs: WMMA, 64-pixel tiles."""
+    ext = extents(spec)
+    if arch < 80:
+        return WmmaConfig(m_tile=32) if ext["m"] % 64 else WmmaConfig()
+    chunks = ext["k"] // 64
+    tiles = [t for t in (128, 64, 32) if ext["m"] % t == 0]
+    m_tile = next((t for t in tiles if ext["m"] // t * chunks >= MIN_BLOCKS), tiles[-1])
+    return WmmaConfig(m_tile=m_tile, k_tile=64, pipeline=1, mma=1, epilogue=2 if m_tile >= 64 else 0)
+
+
+def check_config(spec: ConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaConfig:
+    """The config if its tiles divide the spec's padded extents and the arch has what it uses, else
+    ValueError naming the field."""
+    ext = extents(spec)
+    return check_fields(spec, cfg, arch, (("m_tile", ext["m"], "pixel rows"), ("k_tile", ext["r"], "reduction"),
+                                          ("n1_tile", ext["k"], "output channels")))
+
+
+def shared_bytes(spec: ConvSpec, cfg: WmmaConfig) -> int:
+    """Shared memory the kernel needs (an upper bound of what tvm_b2b.lower plans): the operand tiles
+    per pipeline step, the epilogue's tile and the residual tile."""
+    e = DTYPE_BYTES[spec.dtype]
+    operands = cfg.m_tile * aligned_row(cfg.k_tile, 64, 8) + cfg.k_tile * aligned_row(cfg.n1_tile, 64, 8)
+    acc = {0: cfg.m_tile * aligned_row(cfg.n1_tile, 32, 4) * 4, 1: 0,
+           2: cfg.m_tile * aligned_row(cfg.n1_tile, 64, 8) * e}[cfg.epilogue]
+    residual = cfg.m_tile * aligned_row(cfg.n1_tile, 64, 8) * e if stages_residual(spec, cfg) else 0
+    return e * operands * (cfg.pipeline + 1) + acc + residual + 5 * 128
+
+
+def workload(spec: ConvSpec):
+    """The conv's PrimFunc in the padded GEMM form this rule schedules, as an IRModule ("main")."""
+    import tvm
+
+    return tvm.IRModule({"main": conv_prim_func(spec, extents(spec))})
+
+
+class ConvTensorCoreRule:
+    """The CUDA tensor-core rule of the single convolution: fp16 on sm_70+, WmmaConfig parameters."""
+
+    name = "CUDA"
+    knobs = {k: v for k, v in KNOBS.items() if k != "frags_n2"}
+    workload = staticmethod(workload)
+
+    def can_implement(self, spec: ConvSpec, info) -> str | None:
+        return unsupported_reason(spec, info.arch)
+
+    def default_config(self, spec: ConvSpec, info) -> WmmaConfig:
+        return default_config(spec, info.arch)
+
+    def parse_config(self, config):
+        return WmmaConfig.parse(config) if isinstance(config, str) else config
+
+    def plan(self, spec: ConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
+        """One kernel (`fused` does not apply: there is nothing to split), with the default config
+        where none is given; the staged epilogue's fallback as for the pair."""
+        from . import Plan
+
+        cfg = check_config(spec, default_config(spec, info.arch) if config is None else config, info.arch)
+        if shared_bytes(spec, cfg) > max_shared_bytes(info.arch):
+            raise ValueError(f"config: {cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory, "
+                             f"sm_{info.arch} has {max_shared_bytes(info.arch) // 1024} KiB")
+        schedules, used = buildable_schedules([conv_prim_func(spec, extents(spec))], spec, cfg, info.target)
+        return Plan([marked(sch) for sch in schedules], True, used, "", None, schedules)
+
+
+RULE = ConvTensorCoreRule()
