@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "onnx_models"))
 
 from torchvision_models import calibrated_network, export, onnxruntime_output, random_image, relative_error  # noqa: E402
 from tvm_b2b.frontend.model import compile_model, load  # noqa: E402
+from tvm_b2b.frontend.rewrite import pairs_of  # noqa: E402
 from tvm_b2b.target import parse_target  # noqa: E402
 
 SIZE = 224
@@ -85,13 +86,42 @@ def tvm_b2b_row(path: str, batch: int, work: str, cuda_graph: bool) -> dict:
     """Compile, check against onnxruntime and time one build."""
     lib = os.path.join(work, f"{os.path.basename(path)}.{int(cuda_graph)}.so")
     start = time.perf_counter()
-    pairs = compile_model(path, lib, parse_target("cuda"), dtype="float16", cuda_graph=cuda_graph)
+    candidates = compile_model(path, lib, parse_target("cuda"), dtype="float16", cuda_graph=cuda_graph)
     seconds = time.perf_counter() - start
     model = load(lib)
     x = random_image(batch, SIZE)
     err = relative_error(model(input=x)["output"], onnxruntime_output(path, x))
+    pairs = pairs_of(candidates)
+    kernels = [c["kernel"] for c in model.meta["convs"]]
     return dict(us=model.time_us({"input": x}, number=20, repeat=10), compile_s=seconds, rel_err=err,
-                pairs=len(pairs), fused=sum(p.fused for p in pairs))
+                pairs=len(pairs), fused=sum(p.fused for p in pairs),
+                convs={k: kernels.count(k) for k in dict.fromkeys(kernels)})
+
+
+def breakdown(lib: str, batch: int, runs: int = 10, top: int = 25) -> list[str]:
+    """Where the time goes: the compiled model run `runs` times under PyTorch's profiler (CUPTI sees
+    every kernel of the process, TVM's too, also inside a CUDA graph); µs per inference summed per
+    kernel, the `top` ones and the total (copies of the input and output included as memcpy)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model, x = load(lib), random_image(batch, SIZE)
+    model(input=x)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            model(input=x)
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if us:
+            rows.append((us / runs, event.count // runs, event.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    lines = [f"{'us/inference':>12} {'%':>6} {'calls':>5}  kernel"]
+    lines += [f"{us:12.1f} {100 * us / total:6.1f} {calls:5d}  {name[:110]}" for us, calls, name in rows[:top]]
+    lines.append(f"{total:12.1f} {100.0:6.1f} {sum(r[1] for r in rows):5d}  total ({len(rows)} distinct kernels)")
+    return lines
 
 
 def main() -> int:
@@ -99,6 +129,7 @@ def main() -> int:
     parser.add_argument("--models", default="resnet50:1,resnet50:32,mobilenet_v2:1", help="NAME:BATCH,...")
     parser.add_argument("--torch-compile", default="max-autotune", help="torch.compile mode, or none")
     parser.add_argument("--no-graph-too", action="store_true", help="also time tvm-b2b without its CUDA graph (batch 1)")
+    parser.add_argument("--breakdown", action="store_true", help="also profile each model's kernels (OUT_breakdown.txt)")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "e2e_h200"), help="OUT(.json, .txt)")
     args = parser.parse_args()
     work = tempfile.mkdtemp()
@@ -113,7 +144,13 @@ def main() -> int:
             row[key] = built["us"]
             row.update({f"{key} {k}": v for k, v in built.items() if k != "us"})
             print(f"{name} b{batch} {key}: {built['us']:.1f} us, compiled in {built['compile_s']:.0f} s, "
-                  f"{built['fused']} of {built['pairs']} pairs fused, rel err vs onnxruntime {built['rel_err']:.2e}", flush=True)
+                  f"{built['fused']} of {built['pairs']} pairs fused, convs {built['convs']}, "
+                  f"rel err vs onnxruntime {built['rel_err']:.2e}", flush=True)
+        if args.breakdown:
+            table = "\n".join(breakdown(os.path.join(work, f"{os.path.basename(path)}.1.so"), batch))
+            print(table, flush=True)
+            with open(args.out + "_breakdown.txt", "a") as f:
+                f.write(f"# {name} batch {batch}: PyTorch profiler (CUPTI) over the CUDA-graph build, µs per inference summed per kernel\n{table}\n\n")
         row.update(torch_times(name, batch, args.torch_compile))
         print(f"{name} b{batch} torch: " + ", ".join(f"{k} {v:.1f} us" for k, v in row.items() if k.startswith("torch") and v), flush=True)
         rows.append(row)
@@ -127,12 +164,14 @@ def _write(args, rows) -> None:
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else "-"  # noqa: E731
     lines = [f"# {' '.join(sys.argv)}  ({datetime.datetime.now().isoformat(timespec='seconds')}; µs, median; "
              f"torch.compile mode: {args.torch_compile})",
-             "| model, batch | " + " | ".join(columns) + " | best torch / tvm-b2b | pairs fused | rel err vs onnxruntime |",
-             "|---" * (len(columns) + 4) + "|"]
+             "| model, batch | " + " | ".join(columns) + " | best torch / tvm-b2b | pairs fused | convs by kernel | compile s | rel err vs onnxruntime |",
+             "|---" * (len(columns) + 6) + "|"]
     for r in rows:
         best = min(v for k, v in r.items() if k in ("torch eager", "torch CUDA graph", "torch.compile") and v)
         lines.append(f"| {r['model']}, {r['batch']} | " + " | ".join(fmt(r.get(c)) for c in columns)
-                     + f" | {best / r['tvm-b2b']:.2f}x | {r['tvm-b2b fused']} of {r['tvm-b2b pairs']} | {r['tvm-b2b rel_err']:.1e} |")
+                     + f" | {best / r['tvm-b2b']:.2f}x | {r['tvm-b2b fused']} of {r['tvm-b2b pairs']} | "
+                     + ", ".join(f"{n} {k}" for k, n in r["tvm-b2b convs"].items())
+                     + f" | {r['tvm-b2b compile_s']:.0f} | {r['tvm-b2b rel_err']:.1e} |")
     with open(args.out + ".txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(args.out + ".json", "w") as f:

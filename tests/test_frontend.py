@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 import tvm_b2b
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
+from tvm_b2b.frontend.rewrite import pairs_of
 from tvm_b2b.target import has_cuda_gpu, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,7 +53,8 @@ def check_against_onnxruntime(model_path, lib, atol, rtol):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_report_counts(model_dir, name):
-    _, pairs, _ = analyze(str(model_dir / f"{name}.onnx"), parse_target("llvm"))
+    _, candidates, _ = analyze(str(model_dir / f"{name}.onnx"), parse_target("llvm"))
+    pairs = pairs_of(candidates)
     _, _, expected, fused = MODELS[name]
     assert len(pairs) == expected
     assert sum(p.fused for p in pairs) == fused
@@ -89,8 +91,8 @@ def test_model_matches_onnxruntime(model_dir, tmp_path, name, fuse):
 
 def test_float16_pairs_match_onnxruntime(model_dir, tmp_path):
     lib = tmp_path / "mini_resnet16.so"
-    pairs = compile_model(str(model_dir / "mini_resnet.onnx"), str(lib), parse_target("llvm"), dtype="float16")
-    assert [p.spec.dtype for p in pairs] == ["float16"] * 3
+    candidates = compile_model(str(model_dir / "mini_resnet.onnx"), str(lib), parse_target("llvm"), dtype="float16")
+    assert [p.spec.dtype for p in candidates if p.plan is not None] == ["float16"] * 5  # 3 pairs, 2 single convs
     check_against_onnxruntime(model_dir / "mini_resnet.onnx", lib, atol=2e-2, rtol=2e-2)
 
 
@@ -157,7 +159,7 @@ def test_bad_inputs_are_one_line_errors(model_dir, residual_lib, tmp_path, capsy
 def test_float16_model_on_gpu_matches_onnxruntime(model_dir, tmp_path, name):
     """Every test model on CUDA with --dtype float16 (fused pairs in float16, float32 elsewhere)."""
     lib = tmp_path / f"{name}_cuda.so"
-    pairs = compile_model(str(model_dir / f"{name}.onnx"), str(lib), parse_target("cuda"), dtype="float16")
+    pairs = pairs_of(compile_model(str(model_dir / f"{name}.onnx"), str(lib), parse_target("cuda"), dtype="float16"))
     assert sum(p.fused for p in pairs) == MODELS[name][3], [p.to_json() for p in pairs]
     check_against_onnxruntime(model_dir / f"{name}.onnx", lib, atol=2e-2, rtol=2e-2)
 
@@ -171,9 +173,10 @@ def test_float16_model_lowers_for_cuda(model_dir, name):
     from tvm_b2b.codegen import compile_module
 
     target = parse_target("cuda:sm_90")
-    mod, pairs, _ = analyze(str(model_dir / f"{name}.onnx"), target, dtype="float16", db=None)
+    mod, candidates, _ = analyze(str(model_dir / f"{name}.onnx"), target, dtype="float16", db=None)
+    pairs = pairs_of(candidates)
     assert sum(p.fused for p in pairs) == MODELS[name][3], [p.to_json() for p in pairs]
-    compile_module(fuse_pairs(mod, target, pairs)[0], target)
+    compile_module(fuse_pairs(mod, target, candidates)[0], target)
 
 
 def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
@@ -181,7 +184,8 @@ def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
     tensor-core kernels (the fused kernel measured slower there), with the reason in the report."""
     path = tmp_path / "resnet50_body.onnx"
     onnx.save(make_models.make("resnet50_body"), path)
-    _, pairs, _ = analyze(str(path), parse_target("cuda:sm_90"), dtype="float16", db=None)
+    _, candidates, _ = analyze(str(path), parse_target("cuda:sm_90"), dtype="float16", db=None)
+    pairs = pairs_of(candidates)
     assert len(pairs) == 16
     for p in pairs:
         report = p.to_json()
@@ -252,13 +256,13 @@ def test_report_lists_every_conv_with_its_kernel(model_dir, capsys):
     report = json.loads(capsys.readouterr().out)
     convs = report["convs"]
     assert [c["name"] for c in convs] == conv_names(onnx.load(model_dir / "mini_resnet.onnx"))
-    assert [c["kernel"] for c in convs] == ["default"] + ["fused-pair"] * 6 + ["default"]
+    assert [c["kernel"] for c in convs] == ["cpu"] + ["fused-pair"] * 6 + ["cpu"]  # the others: single convs
     assert all(set(c) == {"name", "kernel", "reason"} and c["reason"] for c in convs)
     paired = {name for p in report["pairs"] for name in (p["conv3x3"], p["conv1x1"])}
     assert {c["name"] for c in convs if c["kernel"] == "fused-pair"} == paired
     assert main(["report", str(model_dir / "grouped.onnx"), "--json"]) == 0
     convs = json.loads(capsys.readouterr().out)["convs"]
-    assert [c["kernel"] for c in convs] == ["default", "default"] and "grouped 3x3" in convs[0]["reason"]
+    assert [c["kernel"] for c in convs] == ["default", "cpu"] and "grouped conv (groups=4)" in convs[0]["reason"]
 
 
 def test_the_frontend_asks_every_registered_op_kind(model_dir):
@@ -270,9 +274,10 @@ def test_the_frontend_asks_every_registered_op_kind(model_dir):
     assert "conv3x3_conv1x1" in op_kinds()
     asked = []
     register(OpKind(name="probe", spec=object, prim_func=None, reference=None, random_inputs=None,
-                    find=lambda func, names: asked.append(names) or []))
+                    find=lambda func, names, claimed: asked.append(names) or []))
     try:
-        _, pairs, _ = analyze(str(model_dir / "mini_resnet.onnx"), parse_target("llvm"))
+        _, candidates, _ = analyze(str(model_dir / "mini_resnet.onnx"), parse_target("llvm"))
+        pairs = pairs_of(candidates)
     finally:
         del OP_KINDS["probe"]
     assert asked == [conv_names(onnx.load(model_dir / "mini_resnet.onnx"))] and len(pairs) == 3
@@ -292,12 +297,13 @@ def test_two_kernel_plans_run_correctly(model_dir):
     from tvm_b2b.schedule import plan as schedule_plan
 
     target, path = parse_target("llvm"), model_dir / "mini_resnet.onnx"
-    mod, pairs, _ = analyze(str(path), target)
+    mod, candidates, _ = analyze(str(path), target)
+    pairs = pairs_of(candidates)
     for pair in pairs:
         pair.plan = schedule_plan(pair.spec, target, fused=False)
         assert not pair.plan.fused and len(pair.plan.kernels) == 2
     assert any(pair.spec.residual for pair in pairs)
-    vm = relax.VirtualMachine(compile_module(fuse_pairs(mod, target, pairs)[0], target), tvm.cpu())
+    vm = relax.VirtualMachine(compile_module(fuse_pairs(mod, target, candidates)[0], target), tvm.cpu())
     x = random_input(path)
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]

@@ -14,7 +14,7 @@ from cuda_source import kernels, nvcc_arches, nvcc_compile
 from torchvision_models import export, onnxruntime_output, random_image, relative_error
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
-from tvm_b2b.frontend.rewrite import conv_kernels
+from tvm_b2b.frontend.rewrite import conv_kernels, pairs_of
 from tvm_b2b.target import parse_target
 
 
@@ -40,17 +40,21 @@ CPU_CASES = [("resnet_bn", 1, 64, 4, 4), ("resnet_bn", 8, 64, 4, 4), ("mobilenet
 
 def test_resnet18_has_no_pairs(exports):
     """ResNet-18's blocks are 3x3 -> 3x3: a 3x3 conv's output reaches a 1x1 conv (the next stage's
-    downsample) only through a residual add, which is no pair (it once reported 3 spanning blocks)."""
+    downsample) only through a residual add, which is no pair (it once reported 3 spanning blocks).
+    Every one of its 20 convs is a single conv, each with its BatchNorm, residual and relu folded in."""
     path = exports("resnet18", 1, 64)
-    _, pairs, model = analyze(path, parse_target("llvm"))
-    assert pairs == []
-    assert [c["kernel"] for c in conv_kernels(conv_names(model), pairs)] == ["default"] * 20
+    _, candidates, model = analyze(path, parse_target("llvm"))
+    assert pairs_of(candidates) == []
+    assert [c["kernel"] for c in conv_kernels(conv_names(model), candidates)] == ["cpu"] * 20
+    specs = [c.spec for c in candidates]
+    assert sum(s.residual for s in specs) == 8 and all(s.act == "relu" for s in specs if s.kh == 3)
+    assert (specs[0].kh, specs[0].stride, specs[0].pad_h, specs[0].c) == (7, 2, 3, 3)
 
 
 @pytest.mark.parametrize("name, batch, size, found, fused", CPU_CASES, ids=[f"{c[0]}-b{c[1]}" for c in CPU_CASES])
 def test_torch_export_matches_onnxruntime_on_cpu(exports, tmp_path, name, batch, size, found, fused):
     path = exports(name, batch, size)
-    pairs = compile_model(path, str(tmp_path / "m.so"), parse_target("llvm"))
+    pairs = pairs_of(compile_model(path, str(tmp_path / "m.so"), parse_target("llvm")))
     assert (len(pairs), sum(p.fused for p in pairs)) == (found, fused)
     assert run_against_onnxruntime(path, tmp_path / "m.so", batch, size) <= 1e-4
 
@@ -83,11 +87,13 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     CUDA compiles with nvcc."""
     path = exports("resnet50", 32, 224)
     source_path = tmp_path / "resnet50.cu"
-    pairs = compile_model(path, str(tmp_path / "r.so"), parse_target("cuda:sm_90"), dtype="float16",
-                          emit_source=str(source_path))
+    candidates = compile_model(path, str(tmp_path / "r.so"), parse_target("cuda:sm_90"), dtype="float16",
+                               emit_source=str(source_path))
+    pairs = pairs_of(candidates)
     assert len(pairs) == 16 and sum(p.fused for p in pairs) == 3  # k1 = 64: the fused kernel wins there
-    kinds = [c["kernel"] for c in conv_kernels(conv_names(onnx.load(path)), pairs)]
-    assert (len(kinds), kinds.count("fused-pair"), kinds.count("tensorcore")) == (53, 6, 26)
+    kinds = [c["kernel"] for c in conv_kernels(conv_names(onnx.load(path)), candidates)]
+    # every conv on our tensor-core kernels: the rest of the pairs (two kernels) and 21 single convs
+    assert (len(kinds), kinds.count("fused-pair"), kinds.count("tensorcore")) == (53, 6, 47)
     if "sm_90" not in nvcc_arches():
         pytest.skip("nvcc here cannot compile for sm_90")
     nvcc_compile(source_path.read_text(), "sm_90", tmp_path)

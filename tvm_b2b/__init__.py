@@ -1,5 +1,6 @@
 """tvm-b2b: back-to-back (3x3 -> 1x1) convolution fusion for TVM."""
 from .kernel import FusedKernel, build
+from .op.conv_spec import ConvSpec
 from .op.spec import FusedConvSpec
 
 
@@ -11,5 +12,5 @@ def load(path: str):
     return _load(path)
 
 
-__all__ = ["FusedConvSpec", "FusedKernel", "build", "load"]
+__all__ = ["ConvSpec", "FusedConvSpec", "FusedKernel", "build", "load"]
 __version__ = "0.1.0"

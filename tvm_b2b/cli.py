@@ -14,10 +14,15 @@ class UserError(Exception):
 
 def _op(args) -> int:
     from . import build
-    from .op import FusedConvSpec, compare, random_inputs, reference
+    from .op import compare
+    from .op.kind import op_kinds, parse_spec
+    from .schedule import kind_of
     from .target import NO_GPU, has_cuda_gpu, parse_target, target_info
 
-    spec = FusedConvSpec.parse(args.spec)
+    spec = parse_spec(args.spec)
+    pair = hasattr(spec, "k1")
+    if (args.bench or args.unfused) and not pair:
+        raise UserError("--bench/--unfused compare a pair with its two-kernel form; a single conv (k=) has one kernel")
     target = parse_target(args.target)
     if (args.check or args.bench) and target_info(target).is_cuda and not has_cuda_gpu():
         raise UserError(f"--check/--bench run the kernel, and {NO_GPU} (without them, op builds for {args.target} only)")
@@ -25,7 +30,8 @@ def _op(args) -> int:
     kernel = build(spec, target, fused=not args.unfused, config=args.config, db=_db(args))
     print(f"spec    {spec.to_string()}")
     print(f"target  {kernel.target}")
-    print(f"build   {time.perf_counter() - start:.2f} s ({'fused, one kernel' if kernel.fused else 'unfused, two kernels'})")
+    shape = ("fused, one kernel" if kernel.fused else "unfused, two kernels") if pair else "one kernel"
+    print(f"build   {time.perf_counter() - start:.2f} s ({shape})")
     if target_info(kernel.target).is_cuda:
         used = kernel.config
         origin = "given" if args.config else "tuned record" if used else "defaults"
@@ -36,9 +42,10 @@ def _op(args) -> int:
             f.write(kernel.source())
         print(f"source  written to {args.emit_source}")
     if not (args.check or args.bench):
-        print("built only: add --check to compare with the numpy reference, --bench to time it against two kernels")
+        print("built only: add --check to compare with the numpy reference" + (", --bench to time it against two kernels" if pair else ""))
         return 0
-    inputs = random_inputs(spec, seed=args.seed)
+    kind = op_kinds()[kind_of(spec)]
+    inputs, reference = kind.random_inputs(spec, seed=args.seed), kind.reference
     status = 0
     if args.check:
         err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
@@ -81,7 +88,9 @@ def _stderr_to(path: str):
 
 def _tune(args) -> int:
     from .frontend.model import analyze
-    from .op import FusedConvSpec
+    from .frontend.rewrite import pairs_of
+    from .op.kind import parse_spec
+    from .op.spec import OP_KIND as PAIR
     from .target import NO_GPU, has_cuda_gpu, parse_target, target_info
     from .tune.database import TuningDatabase, record_specs
     from .tune.tuner import tune_spec
@@ -97,10 +106,12 @@ def _tune(args) -> int:
     database = TuningDatabase(args.db, lock=True)  # one tuner per database: a second one stops here
     if args.model:
         _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
-        specs = list(dict.fromkeys(p.spec for p in pairs_of(candidates) if p.fused))
-        print(f"{args.model}: {len(specs)} distinct fused pair(s) to tune")
+        pairs = list(dict.fromkeys(p.spec for p in pairs_of(candidates) if p.fused))
+        convs = list(dict.fromkeys(c.spec for c in candidates if c.kind != PAIR and c.plan is not None))
+        specs = pairs + convs
+        print(f"{args.model}: {len(pairs)} distinct fused pair(s) and {len(convs)} distinct single conv(s) to tune")
     else:
-        specs = [FusedConvSpec.parse(s) for s in args.spec]
+        specs = [parse_spec(s) for s in args.spec]
     record_specs(args.db, specs)
     deadline = time.time() + 60 * args.minutes if args.minutes else None
     results = []
@@ -233,13 +244,15 @@ def make_parser() -> argparse.ArgumentParser:
     op = commands.add_parser(
         "op", help="build one fused op, optionally check it against numpy and time it",
         description="Builds one fused 3x3 -> 1x1 convolution pair (y = act2(conv1x1(act1(conv3x3(x) * s1 + b1)) * s2 + b2 "
-                    "[+ residual])) for a target. Without --check or --bench it only builds (and with --emit-source writes "
+                    "[+ residual])), or one single convolution (y = act(conv(x) * s + b [+ residual])), for a target. Without --check or --bench it only builds (and with --emit-source writes "
                     "the generated code); --check runs it on random data against the numpy reference, --bench times it "
                     "against the same template's two-kernel form. Both need the target's device on this machine.")
     op.add_argument("--spec", required=True, help="the pair as comma-separated fields: n, h, w, c, k1, k2 required "
                     "(batch, height, width, input channels, 3x3 and 1x1 output channels); optional stride=1 (or 2), "
                     "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32); "
-                    'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64"')
+                    'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64". A single conv: n, h, w, c, k required; optional kh=1, kw=1, '
+                    'stride=1, pad_h=0, pad_w=0, act=relu, residual=0, dtype=float16; e.g. "n=1,h=224,w=224,c=3,k=64,kh=7,kw=7,'
+                    'stride=2,pad_h=3,pad_w=3"')
     op.add_argument("--target", default="llvm", help="llvm, cuda (the local GPU), cuda:sm_XX, TVM's 'cuda -arch=sm_XX' or "
                     "'llvm -mcpu=native', or a target JSON")
     op.add_argument("--check", action="store_true", help="run on random data and compare with the numpy reference (exit 1 on mismatch)")

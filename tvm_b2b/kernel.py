@@ -5,18 +5,21 @@ import os
 
 import numpy as np
 
+from .op.conv_spec import ConvSpec
 from .op.reference import np_dtype
 from .op.spec import FusedConvSpec
 from .target import parse_target, target_info
 
 
 class FusedKernel:
-    """A compiled fused op. Call it with numpy arrays (x, w1, s1, b1, w2, s2, b2[, residual]);
-    it returns y (n, ho, wo, k2) as numpy."""
+    """A compiled op of any kind (op.kind): the fused pair, called with numpy arrays (x, w1, s1, b1, w2,
+    s2, b2[, residual]), or a single conv (x, w, s, b[, residual]): its spec's arg_shapes, by position
+    or name. Returns y (n, ho, wo, channels) as numpy."""
 
-    def __init__(self, spec: FusedConvSpec, target, executable, func_names: list[str], mid_shape=None, config=None,
-                 fused: bool = True):
+    def __init__(self, spec, target, executable, func_names: list[str], mid_shape=None, config=None,
+                 fused: bool = True, input_channels: int | None = None):
         self.spec = spec
+        self.input_channels = input_channels  # x's channels as the kernel takes them (padded with zeros), if more
         self.target = target
         self.executable = executable
         self.func_names = func_names  # one (fused) or two (unfused stages) kernels, run in order
@@ -25,31 +28,37 @@ class FusedKernel:
         self.fused = fused  # one kernel for the whole op (the schedule rule's plan decided)
 
     # -- calling -------------------------------------------------------------------------------
-    def __call__(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:
-        arrays = self.check_args(x, w1, s1, b1, w2, s2, b2, residual)
+    def __call__(self, *args, **kwargs) -> np.ndarray:
+        arrays = self.check_args(*args, **kwargs)
         dev = self.device
         stages = self._device_args(arrays, dev)
         self._run(stages)
         return stages[-1][-1].numpy().reshape(self.spec.out_shape)
 
-    def check_args(self, x, w1, s1, b1, w2, s2, b2, residual=None) -> dict[str, np.ndarray]:
-        """The arguments by name, or ValueError naming the first one of wrong shape or dtype."""
-        given = dict(x=x, w1=w1, s1=s1, b1=b1, w2=w2, s2=s2, b2=b2)
+    def check_args(self, *args, **kwargs) -> dict[str, np.ndarray]:
+        """The arguments by name (positional ones in the spec's order), or ValueError naming the
+        first one missing or of wrong shape or dtype."""
+        shapes = self.spec.arg_shapes()
+        names = [n for n in shapes if n != "residual"] + ["residual"]
+        given = dict(zip(names, args), **kwargs)
+        if len(args) > len(names) or set(given) - set(names):
+            raise ValueError(f"arguments: this op takes {', '.join(names[:-1])}[, residual]")
+        residual = given.pop("residual", None)
         if self.spec.residual:
             if residual is None:
                 raise ValueError("residual: this spec has residual=1, so a residual array is required")
             given["residual"] = residual
         elif residual is not None:
             raise ValueError("residual: this spec has residual=0, so no residual array is taken")
-        for name, (shape, dtype) in self.spec.arg_shapes().items():
-            value = given[name]
+        for name, (shape, dtype) in shapes.items():
+            value = given.get(name)
             if not isinstance(value, np.ndarray):
                 raise ValueError(f"{name}: expected a numpy array of shape {shape} and dtype {dtype}, got {type(value).__name__}")
             if value.shape != shape:
                 raise ValueError(f"{name}: expected shape {shape}, got {value.shape}")
             if value.dtype != np_dtype(dtype):
                 raise ValueError(f"{name}: expected dtype {dtype}, got {value.dtype}")
-        return given
+        return {name: given[name] for name in shapes}
 
     @property
     def device(self):
@@ -65,6 +74,10 @@ class FusedKernel:
         from .op.device import device_arguments
 
         spec = self.spec
+        extra = self.input_channels - spec.c if self.input_channels else 0
+        if extra:  # the kernel's channels (op.conv's x (n, h, w, c) and w (kh, kw, c, k)) padded with zeros
+            arrays = {**arrays, "x": np.pad(arrays["x"], ((0, 0), (0, 0), (0, 0), (0, extra))),
+                      "w": np.pad(arrays["w"], ((0, 0), (0, 0), (0, extra), (0, 0)))}
         tensors, out = device_arguments(spec, arrays, dev)
         if self.fused:
             return [[*tensors.values(), out]]
@@ -97,14 +110,15 @@ class FusedKernel:
         return generated_source(self.executable, self.target)
 
 
-def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, db="auto") -> FusedKernel:
-    """Compile the op for `target` (llvm, cuda, cuda:sm_XX, a target JSON or a Target).
+def build(spec, target="llvm", fused: bool = True, config=None, db="auto") -> FusedKernel:
+    """Compile the op of `spec` (a FusedConvSpec, or a ConvSpec: a single conv) for `target` (llvm,
+    cuda, cuda:sm_XX, a target JSON or a Target).
     fused=False builds the unfused baseline: two kernels, intermediate in global memory.
     config: the schedule's parameters (CUDA: a WmmaConfig or its text 'm_tile=128,...').
     db: where a CUDA build without a config takes its tuned parameters: "auto" (the shipped
     database of the target's GPU, schedules/<gpu>-<arch>), a directory, or None (defaults)."""
-    if not isinstance(spec, FusedConvSpec):
-        raise ValueError(f"spec: expected a FusedConvSpec, got {type(spec).__name__}")
+    if not isinstance(spec, (FusedConvSpec, ConvSpec)):
+        raise ValueError(f"spec: expected a FusedConvSpec or a ConvSpec, got {type(spec).__name__}")
     from .codegen import CODE_ENV
     from .tune.database import resolve_config
 
@@ -119,7 +133,7 @@ def build(spec: FusedConvSpec, target="llvm", fused: bool = True, config=None, d
 _BUILT: dict[tuple, FusedKernel] = {}  # builds are deterministic: reuse them within a process
 
 
-def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
+def _compile(spec, target, fused: bool, config) -> FusedKernel:
     from .codegen import compile_module
     from .lower import scheduled_module
     from .schedule import plan
@@ -127,4 +141,4 @@ def _compile(spec: FusedConvSpec, target, fused: bool, config) -> FusedKernel:
     planned = plan(spec, target, fused, config)
     names = [str(f.attrs["global_symbol"]) for f in planned.kernels]
     return FusedKernel(spec, target, compile_module(scheduled_module(planned.kernels), target), names, planned.mid_shape, config,
-                       planned.fused)
+                       planned.fused, planned.input_channels)

@@ -88,7 +88,7 @@ class _KernelRewriter(relax.PyExprMutator):
             first = len(planned.kernels[0].params) - 1
             mid = bb.emit(relax.call_tir(gvars[0], args[:first], out_ty=relax.TensorType(planned.mid_shape, spec.dtype)))
             y = bb.emit(relax.call_tir(gvars[1], [mid, *args[first:]], out_ty=out_ty))
-        return bb.emit(relax.op.reshape(y, spec.out_shape))
+        return bb.emit(relax.op.reshape(y, candidate.out_shape))
 
 
 def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True, db="auto") -> list:

@@ -1,118 +1,15 @@
-"""ConvSpec: one convolution with its epilogue, the op kind every conv that is not in a fused pair
-runs as (op kind "conv2d"):
-
-y = act( conv(x, w, kh x kw, stride, pad) * s + b [+ r] )
-
-Layouts: x NHWC (n, h, w, c); w HWIO (kh, kw, c, k); s, b (k,) float32; r and y NHWC (n, ho, wo, k).
-groups=1 and no dilation (grouped and depthwise convs are another op kind's). Accumulation is float32.
-Also the op's TE definition (plain, and the padded GEMM form tensor cores take) and numpy reference.
-"""
+"""The single convolution's TE definition (plain, and the padded GEMM form tensor cores take) and
+numpy reference; its spec is op/conv_spec.py."""
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 from tvm import te, tirx
 
 from .activation import activation
+from .conv_spec import OP_KIND, ConvSpec
 from .reference import np_dtype
-from .spec import ACTIVATIONS, DTYPES, parse_value
 
-OP_KIND = "conv2d"
-SIZE_FIELDS = ("n", "h", "w", "c", "k")
-SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w")  # defaulted: a 1x1 stride-1 conv
-
-
-@dataclass(frozen=True)
-class ConvSpec:
-    n: int
-    h: int
-    w: int
-    c: int
-    k: int
-    kh: int = 1
-    kw: int = 1
-    stride: int = 1
-    pad_h: int = 0
-    pad_w: int = 0
-    act: str = "relu"
-    residual: bool = False
-    dtype: str = "float16"
-
-    def __post_init__(self):
-        for name in SIZE_FIELDS + SHAPE_FIELDS:
-            value = getattr(self, name)
-            least = 0 if name.startswith("pad") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
-        if self.pad_h >= self.kh or self.pad_w >= self.kw:
-            raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.kh}, {self.kw})")
-        if self.ho < 1 or self.wo < 1:
-            raise ValueError(f"kernel: {self.kh}x{self.kw} is larger than the padded {self.h}x{self.w} input")
-        if self.act not in ACTIVATIONS:
-            raise ValueError(f"act: expected one of {ACTIVATIONS}, got {self.act!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.residual, bool):
-            raise ValueError(f"residual: expected a bool, got {self.residual!r}")
-
-    @property
-    def ho(self) -> int:
-        return (self.h + 2 * self.pad_h - self.kh) // self.stride + 1
-
-    @property
-    def wo(self) -> int:
-        return (self.w + 2 * self.pad_w - self.kw) // self.stride + 1
-
-    @property
-    def m(self) -> int:
-        """Rows of the implicit GEMM: one per output pixel."""
-        return self.n * self.ho * self.wo
-
-    @property
-    def r(self) -> int:
-        """Depth of the implicit GEMM: the kh x kw taps of every input channel."""
-        return self.kh * self.kw * self.c
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.r * self.k
-
-    @property
-    def out_shape(self) -> tuple[int, int, int, int]:
-        return (self.n, self.ho, self.wo, self.k)
-
-    def arg_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """Name -> (shape, dtype) of every input, in call order (residual last, when present)."""
-        shapes = {
-            "x": ((self.n, self.h, self.w, self.c), self.dtype),
-            "w": ((self.kh, self.kw, self.c, self.k), self.dtype),
-            "s": ((self.k,), "float32"),
-            "b": ((self.k,), "float32"),
-        }
-        if self.residual:
-            shapes["residual"] = (self.out_shape, self.dtype)
-        return shapes
-
-    def to_string(self) -> str:
-        return ",".join(f"{f.name}={int(v) if isinstance(v, bool) else v}"
-                        for f in dataclasses.fields(self) for v in [getattr(self, f.name)])
-
-    @classmethod
-    def parse(cls, text: str) -> "ConvSpec":
-        """'n=1,h=56,w=56,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1,...' (sizes required, the rest defaulted)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, object] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, raw = (p.strip() for p in item.partition("="))
-            if not sep or key not in known:
-                raise ValueError(f"{key or item}: not a conv spec field (expected one of {', '.join(known)})")
-            values[key] = int(raw) if key in SIZE_FIELDS + SHAPE_FIELDS and raw.lstrip("-").isdigit() else parse_value(key, raw)
-        missing = [name for name in SIZE_FIELDS if name not in values]
-        if missing:
-            raise ValueError(f"{missing[0]}: missing from the spec")
-        return cls(**values)
+__all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_random_inputs", "padded_conv_extents"]
 
 
 # -- TE definition ----------------------------------------------------------------------------------

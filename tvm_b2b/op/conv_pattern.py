@@ -2,6 +2,8 @@
 normalize.py) that no other op kind's planned candidate covers, with what follows it folded into its
 epilogue: per-channel affine ops (bias, BatchNormalization decomposed) into s and b, then a residual
 add and an activation. A conv this op kind cannot take is reported with every reason, never rewritten.
+A fully connected layer (matmul of an (n, c) tensor by a constant (c, k) matrix: ONNX's Gemm, the
+classifier of every CNN) is the 1x1 conv of n one-pixel images, and taken as one.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class ConvCandidate:
     plan: object = None  # the target's schedule.Plan, once planned
     kind: str = OP_KIND
     bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv ... last)
+    out_shape: tuple = ()  # the replaced value's shape: spec.out_shape, or (n, k) for a matmul
 
     @property
     def convs(self) -> tuple[str]:
@@ -44,8 +47,14 @@ class ConvCandidate:
         """(x, w, s, b[, residual]) as the kernel takes them: w a constant in the spec's dtype, x and
         the residual through `model_input`, the residual as its (m, k) GEMM view."""
         spec, p = self.spec, self.params
-        args = [model_input(self.x), relax.const(p["w"].astype(np_dtype(spec.dtype))), relax.const(p["s"]),
-                relax.const(p["b"])]
+        x, w = model_input(self.x), p["w"]
+        if tuple(int(d) for d in x.ty.shape) != (spec.n, spec.h, spec.w, spec.c):  # a matmul's (n, c)
+            x = emit(relax.op.reshape(x, (spec.n, spec.h, spec.w, spec.c)))
+        extra = (self.plan.input_channels or spec.c) - spec.c if self.plan is not None else 0
+        if extra:  # the kernel takes more channels (zeros in x and w): op's ConvSpec stays the model's
+            x = emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
+            w = np.pad(w, ((0, 0), (0, 0), (0, extra), (0, 0)))
+        args = [x, relax.const(w.astype(np_dtype(spec.dtype))), relax.const(p["s"]), relax.const(p["b"])]
         if self.residual is not None:
             args.append(emit(relax.op.reshape(model_input(self.residual), (spec.m, spec.k))))
         return args
@@ -85,7 +94,28 @@ def find_convs(func: relax.Function, conv_names: list[str] | None = None, claime
     graph = Graph(func, claimed)
     convs = [b.var for b in graph.bindings if relax_op(b.value) == "relax.nn.conv2d"]
     names = {var: (conv_names[i] if conv_names and i < len(conv_names) else f"conv2d#{i}") for i, var in enumerate(convs)}
-    return [_match(graph, var, names[var]) for var in convs if var not in claimed]
+    found = [_match(graph, var, names[var]) for var in convs if var not in claimed]
+    matmuls = [b.var for b in graph.bindings if _is_fully_connected(b.value) and b.var not in claimed]
+    return found + [_match_fully_connected(graph, var, f"matmul#{i}") for i, var in enumerate(matmuls)]
+
+
+def _is_fully_connected(call) -> bool:
+    """matmul(x (n, c), constant (c, k)) in float32 or float16."""
+    if relax_op(call) != "relax.matmul" or relax_const(call.args[1]) is None:
+        return False
+    return len(shape_of(call.args[0])) == 2 and len(shape_of(call.args[1])) == 2 and dtype_of(call) in ("float32", "float16")
+
+
+def _match_fully_connected(graph: Graph, var, name: str) -> ConvCandidate:
+    """The matmul at `var` as the 1x1 conv of (n, 1, 1, c) with its bias and activation folded in."""
+    call = graph.value[var]
+    (n, c), k = shape_of(call.args[0]), shape_of(call)[1]
+    scale, bias, last = affine_forward(graph, var, k)
+    _, act, last = epilogue(graph, last, None)  # no residual: the shape never matches
+    weight = relax_const(call.args[1]).astype(np.float32).reshape(1, 1, c, k)
+    spec = ConvSpec(n=n, h=1, w=1, c=c, k=k, act=act, dtype=dtype_of(call))
+    return ConvCandidate(conv=name, fused=True, spec=spec, x=call.args[0], last=last,
+                         params={"w": weight, "s": scale, "b": bias}, bindings=chain(graph, var, last), out_shape=(n, k))
 
 
 def _match(graph: Graph, var, name: str) -> ConvCandidate:
@@ -105,5 +135,6 @@ def _match(graph: Graph, var, name: str) -> ConvCandidate:
     weight = relax_const(call.args[1]).astype(np.float32).transpose(1, 2, 3, 0)  # OHWI -> HWIO
     candidate.params = {"w": np.ascontiguousarray(weight), "s": scale, "b": bias}
     candidate.x, candidate.residual, candidate.last, candidate.fused = call.args[0], residual, last, True
+    candidate.out_shape = candidate.spec.out_shape
     candidate.bindings = chain(graph, var, last)
     return candidate

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .spec import FusedConvSpec
 
 
-def device_arguments(spec: FusedConvSpec, arrays: dict[str, np.ndarray], dev):
+def device_arguments(spec, arrays: dict[str, np.ndarray], dev):
     """({name: device tensor} of the op's inputs in call order, an empty output): the residual
-    and the output as their (m, k2) GEMM views, as every kernel of the op takes them."""
+    and the output as their (m, channels) GEMM views, as every kernel of every op kind takes them."""
     import tvm
 
-    flat = {k: (v.reshape(spec.m, spec.k2) if k == "residual" else np.ascontiguousarray(v)) for k, v in arrays.items()}
+    gemm = (spec.m, spec.out_shape[-1])
+    flat = {k: (v.reshape(gemm) if k == "residual" else np.ascontiguousarray(v)) for k, v in arrays.items()}
     tensors = {k: tvm.runtime.tensor(v, dev) for k, v in flat.items()}
-    return tensors, tvm.runtime.empty((spec.m, spec.k2), spec.dtype, dev)
+    return tensors, tvm.runtime.empty(gemm, spec.dtype, dev)

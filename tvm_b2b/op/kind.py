@@ -38,3 +38,12 @@ def register(kind: OpKind) -> OpKind:
         raise ValueError(f"op kind {kind.name!r} is registered already")
     OP_KINDS[kind.name] = kind
     return kind
+
+
+def parse_spec(text: str):
+    """A spec of any op kind from its text: a fused pair's (it has k1=) or a single conv's (k=)."""
+    from .conv_spec import ConvSpec
+    from .spec import FusedConvSpec
+
+    fields = {item.partition("=")[0].strip() for item in text.split(",")}
+    return (FusedConvSpec if "k1" in fields else ConvSpec).parse(text)

@@ -41,6 +41,11 @@ class Pair:
     bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv3x3 ... last)
 
     @property
+    def out_shape(self) -> tuple:
+        """The shape of the value the op replaces."""
+        return self.spec.out_shape
+
+    @property
     def convs(self) -> tuple[str, str]:
         """The model's convs this candidate covers, in order."""
         return self.conv3x3, self.conv1x1

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..op.conv import OP_KIND as CONV
-from ..op.spec import OP_KIND, FusedConvSpec
+from ..op.conv_spec import OP_KIND as CONV
+from ..op.spec import OP_KIND
 from ..target import target_info
 
 
@@ -27,6 +27,7 @@ class Plan:
     reason: str = ""  # why the op does not run fused
     mid_shape: tuple | None = None  # the intermediate's global buffer when there are two kernels
     schedules: list = field(default_factory=list)  # the kernels' s_tir.Schedules (their traces, for tuning records)
+    input_channels: int | None = None  # x's channels as the kernels take them, when they pad it (zeros)
 
 
 # (op kind, target kind) -> the module under schedule/ whose RULE schedules that kind for that target

@@ -297,9 +297,12 @@ class WmmaFusedSchedule:
         self.sch, self.spec = sch, spec
         self.pipeline, self.arch = cfg.pipeline if cfg else 0, arch
         chosen = cfg.knobs() if cfg else {}
+        # a single conv has no second GEMM: its frags_n2 is recorded as a constant, not searched
+        unused = {"frags_n2"} if has_block(sch, "w_gemm") else set()
         self.knob = {
             name: sch.sample_categorical(list(c), [1 / len(c)] * len(c),
                                          decision=c.index(chosen[name]) if chosen else None)
+            if name not in unused else chosen.get(name, c[0])
             for name, c in KNOBS.items()
         }
         # the config, recorded on the schedule itself (config_of reads it back from any trace of it)
@@ -580,6 +583,14 @@ class TensorCoreRule:
 
     def parse_config(self, config):
         return WmmaConfig.parse(config) if isinstance(config, str) else config
+
+    def fits(self, spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:
+        """Whether cfg tiles the spec and its fused kernel fits the arch's shared memory (a tuning draw)."""
+        try:
+            check_config(spec, cfg, arch)
+        except ValueError:
+            return False
+        return fits_shared_memory(spec, cfg, arch)
 
     def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
         """The op in padded GEMM form, scheduled for tensor cores, and the one decision whether it runs

@@ -17,7 +17,7 @@ from pathlib import Path
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..op.spec import FusedConvSpec
+from ..op.kind import parse_spec
 from ..target import target_info
 
 log = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ def merge(sources, destination) -> None:
             workload = dst.commit_workload(record.workload.mod)
             dst.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info))
         if (Path(source) / "specs.txt").exists():
-            record_specs(destination, [FusedConvSpec.parse(s) for s in (Path(source) / "specs.txt").read_text().split()])
+            record_specs(destination, [parse_spec(s) for s in (Path(source) / "specs.txt").read_text().split()])
 
 
 def prune(source, destination, top: int = 3) -> int:

@@ -1,5 +1,5 @@
-"""The fused op's MetaSchedule design space: the CUDA schedule with its knobs
-(schedule.cuda_wmma.KNOBS) left to sample_categorical, one trace per pipeline depth and MMA
+"""The MetaSchedule design space of an op kind on tensor cores (the fused pair, a single conv): the
+CUDA schedule with its knobs (schedule.cuda_wmma.KNOBS) left to sample_categorical, one trace per pipeline depth and MMA
 instruction set, a mutator that re-draws one knob, and a postprocessor that drops draws the
 spec or the GPU's shared memory cannot take."""
 from __future__ import annotations
@@ -10,7 +10,6 @@ import random
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..op.spec import FusedConvSpec
 from ..schedule import cuda_wmma
 from ..schedule.cuda_wmma import config_of
 
@@ -52,40 +51,39 @@ class FitsTemplate(ms.postproc.PyPostproc):
     exceeds the arch's. (Stock VerifyGPUCode rejects every pipelined candidate: its own lowering
     lacks the cp.async pass.)"""
 
-    def __init__(self, spec: FusedConvSpec, arch: int):
+    def __init__(self, spec, rule, arch: int):
         super().__init__()
-        self.spec, self.arch = spec, arch
+        self.spec, self.rule, self.arch = spec, rule, arch
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
     def apply(self, sch) -> bool:
-        try:
-            cfg = cuda_wmma.check_config(self.spec, config_of(sch.trace), self.arch)
-        except ValueError:
-            return False
-        return cuda_wmma.fits_shared_memory(self.spec, cfg, self.arch)
+        cfg = config_of(sch.trace)
+        return cfg is not None and self.rule.fits(self.spec, cfg, self.arch)
 
     def clone(self):
-        return FitsTemplate(self.spec, self.arch)
+        return FitsTemplate(self.spec, self.rule, self.arch)
 
 
-def design_space(spec: FusedConvSpec, arch: int):
+def design_space(spec, rule, info):
     """The space: one trace per pipeline depth and MMA instruction set (WMMA; ldmatrix + mma.sync
     from sm_80 on), whose knobs start at the default config (a space must produce valid schedules)
     and are re-drawn by the search; draws that do not tile the spec fail in replay or in
     FitsTemplate and are skipped."""
 
+    arch = info.arch
+
     def schedule_fn(sch):
         spaces = []
         for mma, epilogue in _instruction_sets(arch):
             for pipeline in SEARCHED_DEPTHS:
-                cfg = dataclasses.replace(cuda_wmma.default_config(spec, arch), pipeline=pipeline, mma=mma, epilogue=epilogue)
+                cfg = dataclasses.replace(rule.default_config(spec, info), pipeline=pipeline, mma=mma, epilogue=epilogue)
                 spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
         return spaces
 
     return ms.space_generator.ScheduleFn(
-        schedule_fn, sch_rules=[], postprocs=[FitsTemplate(spec, arch)], mutator_probs={MutateKnob(): 1.0},
+        schedule_fn, sch_rules=[], postprocs=[FitsTemplate(spec, rule, arch)], mutator_probs={MutateKnob(): 1.0},
     )
 
 

@@ -1,4 +1,4 @@
-"""Tune the fused op for one GPU: MetaSchedule's evolutionary search with the XGBoost cost model
+"""Tune an op (the fused pair, a single conv: any op kind with a CUDA tensor-core rule) for one GPU: MetaSchedule's evolutionary search with the XGBoost cost model
 over tvm_b2b.tune.space, records in a TuningDatabase. Resumable: `trials` is the total per
 workload, and a rerun only measures what the database does not hold yet."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..op.spec import FusedConvSpec
-from ..schedule import cuda_wmma
+from ..op.kind import op_kinds
+from ..schedule import cuda_wmma, kind_of, rule_for
 from ..target import target_info
 from .database import TuningDatabase, best_record, mean_us
 from .space import config_of, design_space
@@ -38,17 +38,16 @@ class CheckedRun:
 
     _cache: dict = {}
 
-    def __init__(self, spec: FusedConvSpec, seed: int = 0):
+    def __init__(self, spec, seed: int = 0):
         self.spec, self.seed = spec, seed
 
     def _data(self):
-        from ..op.reference import random_inputs, reference
-
         key = (self.spec, self.seed)
         if key not in CheckedRun._cache:
-            inputs = random_inputs(self.spec, seed=self.seed)
+            kind = op_kinds()[kind_of(self.spec)]
+            inputs = kind.random_inputs(self.spec, seed=self.seed)
             CheckedRun._cache.clear()
-            CheckedRun._cache[key] = (inputs, reference(self.spec, **inputs))
+            CheckedRun._cache[key] = (inputs, kind.reference(self.spec, **inputs))
         return CheckedRun._cache[key]
 
     def alloc(self, device, _args_info, alloc_repeat: int):
@@ -68,7 +67,7 @@ class CheckedRun:
         args = repeated_args[0]
         # NaN first: a kernel that leaves (part of) the output unwritten cannot pass on what an
         # earlier candidate left in reused memory
-        args[-1].copyfrom(np.full((spec.m, spec.k2), np.nan, dtype=np_dtype(spec.dtype)))
+        args[-1].copyfrom(np.full((spec.m, spec.out_shape[-1]), np.nan, dtype=np_dtype(spec.dtype)))
         rt_mod[rt_mod.entry_name](*args)
         device.sync()
         err, ok = compare(spec, args[-1].numpy().reshape(spec.out_shape), want)
@@ -119,11 +118,13 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         self.progress.update(batch)
 
 
-def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int, *, work_dir: str,
+def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: str,
               label: str = "", deadline: float | None = None, round_trials: int = 16, out=print) -> dict:
     """Tune one spec until the database holds `trials` records of it (or the deadline passes).
     Returns what happened: trials before/after, best µs and its config."""
-    mod = cuda_wmma.workload(spec)
+    rule = rule_for(target, kind_of(spec))
+    mod = rule.workload(spec)
+    spec = getattr(rule, "kernel_spec", lambda s: s)(spec)  # what the kernel computes (the data it is checked on)
     before = len(database.records_for(mod))
     best = best_record(database, mod, target)
     progress = Progress(label or spec.to_string(), trials, before,
@@ -147,7 +148,7 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
             mod, target, work_dir, max_trials_global=batch, num_trials_per_iter=batch,
-            space=design_space(spec, target_info(target).arch), database=database, cost_model=cost_model,
+            space=design_space(spec, rule, target_info(target)), database=database, cost_model=cost_model,
             strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
             builder=builder, runner=runner,
             measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), ProgressCallback(progress)],
@@ -163,16 +164,17 @@ def tune_spec(spec: FusedConvSpec, target, database: TuningDatabase, trials: int
     }
 
 
-def measure_default(spec: FusedConvSpec, target, database: TuningDatabase, builder, runner) -> list[float | None]:
+def measure_default(spec, target, database: TuningDatabase, builder, runner) -> list[float | None]:
     """Measures the default config as a workload's first record: the search's random draws need not
     include it, and a tuned record must never be slower than the default that it replaces. Returns
     the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
     import shutil
 
-    planned = cuda_wmma.RULE.plan(spec, target_info(target))  # what build runs by default
+    rule = rule_for(target, kind_of(spec))
+    planned = rule.plan(spec, target_info(target))  # what build runs by default
     if not planned.fused:
         return []  # not a fused kernel on this GPU: nothing to compare with
-    mod = cuda_wmma.workload(spec)
+    mod = rule.workload(spec)
     (sch,) = planned.schedules
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
     measured = None

@@ -1,0 +1,128 @@
+"""The single convolution op kind (op/conv.py): spec, numpy reference (against PyTorch), CPU kernel and
+(GPU-marked) CUDA kernel against the reference, CUDA builds compiled by nvcc for sm_80 and sm_90.
+
+Tolerances (tvm_b2b.op.TOLERANCES): float32 |y - ref| <= 1e-4 + 1e-4 |ref|, float16 1e-2 + 1e-2 |ref|.
+The reference against PyTorch's conv2d (float64): 1e-4 relative to the output's largest magnitude.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cuda_source import compiled_source, kernels, nvcc_arches, nvcc_compile
+from tvm_b2b import ConvSpec, build
+from tvm_b2b.op import compare
+from tvm_b2b.op.conv import conv_random_inputs, conv_reference
+from tvm_b2b.schedule import plan
+from tvm_b2b.target import parse_target
+
+# every conv kind of the issue: 1x1, 3x3 and 7x7 (3-channel stem), stride 1 and 2, with and without
+# padding, residual, relu/relu6/none
+KINDS = [
+    dict(n=1, h=56, w=56, c=64, k=256, act="none"),  # ResNet's 1x1 expand
+    dict(n=2, h=14, w=14, c=256, k=64, stride=2, act="none"),  # ResNet's stride-2 downsample
+    dict(n=1, h=7, w=9, c=40, k=24, residual=True, act="relu6"),
+    dict(n=2, h=28, w=28, c=64, k=64, kh=3, kw=3, pad_h=1, pad_w=1),
+    dict(n=1, h=15, w=13, c=24, k=40, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, residual=True),
+    dict(n=1, h=64, w=64, c=3, k=64, kh=7, kw=7, stride=2, pad_h=3, pad_w=3),  # the stem
+    dict(n=3, h=9, w=11, c=5, k=7, kh=3, kw=5, pad_h=0, pad_w=2, act="relu6"),
+]
+IDS = [ConvSpec(**k).to_string() for k in KINDS]
+
+
+def torch_conv(spec, x, w, s, b, residual=None):
+    import torch
+
+    xt = torch.from_numpy(x.astype(np.float64)).permute(0, 3, 1, 2)
+    wt = torch.from_numpy(w.astype(np.float64)).permute(3, 2, 0, 1)
+    y = torch.nn.functional.conv2d(xt, wt, stride=spec.stride, padding=(spec.pad_h, spec.pad_w)).permute(0, 2, 3, 1).numpy()
+    y = y * s + b + (residual.astype(np.float64) if residual is not None else 0)
+    return {"relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "none": y}[spec.act]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_reference_matches_torch(kind):
+    spec = ConvSpec(**kind, dtype="float32")
+    inputs = conv_random_inputs(spec, seed=3)
+    got, want = conv_reference(spec, **inputs), torch_conv(spec, **inputs)
+    assert got.shape == spec.out_shape
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_spec_text_round_trip_and_errors():
+    spec = ConvSpec(n=1, h=224, w=224, c=3, k=64, kh=7, kw=7, stride=2, pad_h=3, pad_w=3)
+    assert ConvSpec.parse(spec.to_string()) == spec
+    assert (spec.ho, spec.wo, spec.r) == (112, 112, 147)
+    assert ConvSpec.parse("n=1,h=8,w=8,c=4,k=4") == ConvSpec(n=1, h=8, w=8, c=4, k=4)
+    for text, message in [("n=1,h=8,w=8,c=4", "k: missing"), ("n=1,h=8,w=8,c=4,k=4,kh=0", "kh: expected an integer >= 1"),
+                          ("n=1,h=8,w=8,c=4,k=4,pad_h=1", "pad: (1, 0) must be smaller"),
+                          ("n=1,h=2,w=2,c=4,k=4,kh=5,kw=5,pad_h=1,pad_w=1", "larger than the padded"),
+                          ("n=1,h=8,w=8,c=4,k=4,act=gelu", "act: expected one of"),
+                          ("n=1,h=8,w=8,c=4,k=4,groups=2", "groups: not a conv spec field")]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            ConvSpec.parse(text)
+
+
+def _assert_computes_op(spec, target, seed=0):
+    inputs = conv_random_inputs(spec, seed=seed)
+    kernel = build(spec, target, db=None)
+    assert len(kernel.func_names) == 1
+    err, ok = compare(spec, kernel(**inputs), conv_reference(spec, **inputs))
+    assert ok, f"{spec.to_string()} on {target}: max abs error {err}"
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_cpu_conv_matches_reference(kind):
+    _assert_computes_op(ConvSpec(**kind, dtype="float32"), "llvm")
+
+
+CONV_SHAPES = st.builds(
+    lambda n, h, w, c, k, size, stride, pad, act, residual: ConvSpec(
+        n=n, h=h, w=w, c=c, k=k, kh=size, kw=size, stride=stride, pad_h=min(pad, size - 1), pad_w=min(pad, size - 1),
+        act=act, residual=residual, dtype="float32"),
+    st.integers(1, 2), st.integers(5, 12), st.integers(5, 12), st.integers(1, 20), st.integers(1, 24),
+    st.sampled_from([1, 3, 5]), st.sampled_from([1, 2]), st.integers(0, 2), st.sampled_from(["relu", "relu6", "none"]),
+    st.booleans())
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=CONV_SHAPES)
+def test_cpu_conv_random_shapes(spec):
+    _assert_computes_op(spec, "llvm", seed=1)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("kind", [KINDS[1], KINDS[4], KINDS[5]], ids=["1x1-stride2", "3x3-stride2-residual", "7x7-stem"])
+def test_cuda_conv_builds(kind, arch, tmp_path):
+    if arch not in nvcc_arches():
+        pytest.skip(f"nvcc here has no {arch}")
+    spec = ConvSpec(**kind, dtype="float16")
+    target = parse_target(f"cuda:{arch}")
+    planned = plan(spec, target)
+    source = compiled_source(planned.kernels, target)
+    found = kernels(source)
+    assert len(found) == 1
+    params = {p.split()[-1].removesuffix("_ptr") for p in next(iter(found.values())).split(",")}
+    assert params == {"x", "w", "s", "b", "out"} | ({"residual"} if spec.residual else set())
+    assert "mma.sync.aligned.m16n8k16" in source and "cp.async" in source
+    nvcc_compile(source, arch, tmp_path)
+
+
+def test_cuda_conv_takes_float16_only():
+    with pytest.raises(ValueError, match="float16 only"):
+        plan(ConvSpec(n=1, h=8, w=8, c=8, k=8, dtype="float32"), parse_target("cuda:sm_90"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS, ids=IDS)
+def test_cuda_conv_matches_reference(kind):
+    _assert_computes_op(ConvSpec(**kind, dtype="float16"), "cuda")
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=CONV_SHAPES)
+def test_cuda_conv_random_shapes(spec):
+    import dataclasses
+
+    _assert_computes_op(dataclasses.replace(spec, dtype="float16"), "cuda", seed=2)
