@@ -126,3 +126,54 @@ def test_cuda_conv_random_shapes(spec):
     import dataclasses
 
     _assert_computes_op(dataclasses.replace(spec, dtype="float16"), "cuda", seed=2)
+
+
+def test_split_k_definition_computes_the_op():
+    """op.conv.split_prim_funcs (the reduction split over two kernels), compiled unscheduled for the
+    CPU, matches the reference: the definition CUDA's split-K plan schedules."""
+    import tvm
+
+    from tvm_b2b.op.conv import padded_conv_extents, split_prim_funcs
+
+    spec = ConvSpec(n=1, h=7, w=6, c=24, k=20, kh=3, kw=3, pad_h=1, pad_w=1, residual=True, act="relu6", dtype="float32")
+    ext = padded_conv_extents(spec, 32, 64, 64)
+    inputs = conv_random_inputs(spec, seed=4)
+    first, second = (tvm.compile(tvm.IRModule({"main": f}), "llvm") for f in split_prim_funcs(spec, ext, splits=4))
+    dev = tvm.cpu()
+    partial = tvm.runtime.empty((4, ext["m"], ext["k"]), "float32", dev)
+    first(*(tvm.runtime.tensor(inputs[k], dev) for k in ("x", "w")), partial)
+    out = tvm.runtime.empty((spec.m, spec.k), "float32", dev)
+    second(partial, *(tvm.runtime.tensor(inputs[k], dev) for k in ("s", "b")),
+           tvm.runtime.tensor(inputs["residual"].reshape(spec.m, spec.k), dev), out)
+    err, ok = compare(spec, out.numpy().reshape(spec.out_shape), conv_reference(spec, **inputs))
+    assert ok, err
+
+
+def test_cuda_plan_splits_the_reduction_where_blocks_are_few(tmp_path):
+    """ResNet-50's 7x7 layers at batch 1 make 16 blocks: the default plan splits their reduction 8 ways
+    (two kernels: float32 partial sums, then their sum with the epilogue), and nvcc compiles both; a
+    large layer stays one kernel."""
+    from tvm_b2b.schedule.cuda_conv import split_factor
+
+    target = parse_target("cuda:sm_90")
+    small = ConvSpec(n=1, h=7, w=7, c=512, k=512, kh=3, kw=3, pad_h=1, pad_w=1)
+    planned = plan(small, target)
+    assert len(planned.kernels) == 2 and planned.mid_shape == (8, 64, 512) and planned.mid_dtype == "float32"
+    assert split_factor(small, planned.config) == 8
+    assert len(plan(ConvSpec(n=32, h=56, w=56, c=64, k=256), target).kernels) == 1
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(compiled_source(planned.kernels, target), "sm_90", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [dict(n=1, h=7, w=7, c=512, k=512, kh=3, kw=3, pad_h=1, pad_w=1),
+                                  dict(n=1, h=7, w=7, c=2048, k=512, residual=True, act="relu6"),
+                                  dict(n=1, h=14, w=14, c=256, k=256, kh=3, kw=3, pad_h=1, pad_w=1, residual=True)],
+                         ids=["7x7-3x3", "7x7-1x1-residual", "14x14-3x3-residual"])
+def test_cuda_split_k_matches_reference(kind):
+    spec = ConvSpec(**kind, dtype="float16")
+    inputs = conv_random_inputs(spec, seed=5)
+    kernel = build(spec, "cuda", db=None)
+    assert len(kernel.func_names) == 2  # split-K: the partial sums, then their sum and the epilogue
+    err, ok = compare(spec, kernel(**inputs), conv_reference(spec, **inputs))
+    assert ok, f"max abs error {err}"

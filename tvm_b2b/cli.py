@@ -30,7 +30,8 @@ def _op(args) -> int:
     kernel = build(spec, target, fused=not args.unfused, config=args.config, db=_db(args))
     print(f"spec    {spec.to_string()}")
     print(f"target  {kernel.target}")
-    shape = ("fused, one kernel" if kernel.fused else "unfused, two kernels") if pair else "one kernel"
+    shape = ("fused, one kernel" if kernel.fused else "unfused, two kernels") if pair else \
+        "one kernel" if len(kernel.func_names) == 1 else "split-K: two kernels"
     print(f"build   {time.perf_counter() - start:.2f} s ({shape})")
     if target_info(kernel.target).is_cuda:
         used = kernel.config

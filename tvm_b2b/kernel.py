@@ -17,9 +17,11 @@ class FusedKernel:
     or name. Returns y (n, ho, wo, channels) as numpy."""
 
     def __init__(self, spec, target, executable, func_names: list[str], mid_shape=None, config=None,
-                 fused: bool = True, input_channels: int | None = None):
+                 fused: bool = True, input_channels: int | None = None, stage1_inputs: int = 4, mid_dtype: str | None = None):
         self.spec = spec
         self.input_channels = input_channels  # x's channels as the kernel takes them (padded with zeros), if more
+        self.stage1_inputs = stage1_inputs  # with two kernels: how many of the op's inputs the first takes
+        self.mid_dtype = mid_dtype  # with two kernels: the intermediate's dtype when not the op's
         self.target = target
         self.executable = executable
         self.func_names = func_names  # one (fused) or two (unfused stages) kernels, run in order
@@ -79,12 +81,11 @@ class FusedKernel:
             arrays = {**arrays, "x": np.pad(arrays["x"], ((0, 0), (0, 0), (0, 0), (0, extra))),
                       "w": np.pad(arrays["w"], ((0, 0), (0, 0), (0, extra), (0, 0)))}
         tensors, out = device_arguments(spec, arrays, dev)
-        if self.fused:
+        if len(self.func_names) == 1:
             return [[*tensors.values(), out]]
-        mid = tvm.runtime.empty(self.mid_shape, spec.dtype, dev)
-        stage1 = [tensors[k] for k in ("x", "w1", "s1", "b1")] + [mid]
-        stage2 = [mid] + [tensors[k] for k in tensors if k not in ("x", "w1", "s1", "b1")] + [out]
-        return [stage1, stage2]
+        mid = tvm.runtime.empty(self.mid_shape, self.mid_dtype or spec.dtype, dev)
+        given = list(tensors.values())  # stage 1 takes the op's first inputs, stage 2 the intermediate and the rest
+        return [given[: self.stage1_inputs] + [mid], [mid] + given[self.stage1_inputs:] + [out]]
 
     def _run(self, stages: list[list]):
         module = self.executable.jit()
@@ -141,4 +142,4 @@ def _compile(spec, target, fused: bool, config) -> FusedKernel:
     planned = plan(spec, target, fused, config)
     names = [str(f.attrs["global_symbol"]) for f in planned.kernels]
     return FusedKernel(spec, target, compile_module(scheduled_module(planned.kernels), target), names, planned.mid_shape, config,
-                       planned.fused, planned.input_channels)
+                       planned.fused, planned.input_channels, len(planned.kernels[0].params) - 1, planned.mid_dtype)

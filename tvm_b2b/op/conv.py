@@ -9,7 +9,8 @@ from .activation import activation
 from .conv_spec import OP_KIND, ConvSpec
 from .reference import np_dtype
 
-__all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_random_inputs", "padded_conv_extents"]
+__all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_random_inputs", "padded_conv_extents",
+           "split_prim_funcs"]
 
 
 # -- TE definition ----------------------------------------------------------------------------------
@@ -35,7 +36,7 @@ def _inputs(spec: ConvSpec):
 
 
 def _output(spec: ConvSpec, inputs, pre):
-    """y (m, k) = act(pre(m, k) [+ residual]) in spec.dtype, pre being float32."""
+    """y (m, k) = act(pre(m, k) [+ residual]) in spec.dtype, pre being float32; inputs: x, w, s, b[, residual]."""
     if spec.residual:
         res = inputs[4]
         body = lambda m, k: pre(m, k) + res[m, k].astype("float32")  # noqa: E731
@@ -73,28 +74,62 @@ def _direct_form(spec: ConvSpec, inputs):
     return _output(spec, inputs, lambda m, k: conv[m, k] * s[k] + b[k])
 
 
-def _gemm_form(spec: ConvSpec, ext: dict[str, int], inputs):
-    """im2col(x) (ext m, ext r) @ w as (ext r, ext k), zero-padded, then the epilogue; the tiles
-    cover the padded extents (out_pad) and the store to y trims."""
-    x, w, s, b = inputs[:4]
-    dt, st = spec.dtype, spec.stride
+def _im2col(spec: ConvSpec, ext: dict[str, int], x):
+    """im2col(x) (ext m, ext r), zero outside the image and the real extents."""
+    st = spec.stride
 
     def im2col_at(m, r):
         n, oh, ow = _pixel(spec, m)
         i, j, c = _tap(spec, r)
         ih, iw = oh * st + i - spec.pad_h, ow * st + j - spec.pad_w
         inside = tirx.all(m < spec.m, r < spec.r, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
-        return _guard(inside, x[n, ih, iw, c], dt)
+        return _guard(inside, x[n, ih, iw, c], spec.dtype)
 
-    a = te.compute((ext["m"], ext["r"]), im2col_at, name="im2col")
-    wg = te.compute((ext["r"], ext["k"]),
-                    lambda r, k: _guard(tirx.all(r < spec.r, k < spec.k), w[(*_tap(spec, r), k)], dt), name="w_gemm")
+    return te.compute((ext["m"], ext["r"]), im2col_at, name="im2col")
+
+
+def _weights(spec: ConvSpec, ext: dict[str, int], w):
+    """w as the (ext r, ext k) GEMM operand, zero-padded."""
+    return te.compute((ext["r"], ext["k"]),
+                      lambda r, k: _guard(tirx.all(r < spec.r, k < spec.k), w[(*_tap(spec, r), k)], spec.dtype),
+                      name="w_gemm")
+
+
+def _gemm_form(spec: ConvSpec, ext: dict[str, int], inputs):
+    """im2col(x) (ext m, ext r) @ w as (ext r, ext k), zero-padded, then the epilogue; the tiles
+    cover the padded extents (out_pad) and the store to y trims."""
+    x, w, s, b = inputs[:4]
+    a, wg = _im2col(spec, ext, x), _weights(spec, ext, w)
     rr = te.reduce_axis((0, ext["r"]), "r")
     conv = te.compute((ext["m"], ext["k"]),
                       lambda m, k: te.sum(a[m, rr].astype("float32") * wg[rr, k].astype("float32"), axis=[rr]), name="conv")
     out_pad = te.compute((ext["m"], ext["k"]), lambda m, k: _guard(k < spec.k, conv[m, k] * s[k] + b[k], "float32"),
                          name="out_pad")
     return _output(spec, inputs, lambda m, k: out_pad[m, k])
+
+
+def split_prim_funcs(spec: ConvSpec, ext: dict[str, int], splits: int, name: str = "conv2d"):
+    """The op as two PrimFuncs with its reduction split `splits` ways (split-K: more blocks where few
+    pixels and channels give few): (x, w, partial) computes each slice's partial sums, float32
+    (splits, ext m, ext k) (blocks im2col, w_gemm, conv, out); (partial, s, b, [residual], y) sums
+    them and applies the epilogue (block out)."""
+    x, w = inputs = _inputs(spec)[:2]
+    depth = ext["r"] // splits
+    a, wg = _im2col(spec, ext, x), _weights(spec, ext, w)
+    rr = te.reduce_axis((0, depth), "r")
+    conv = te.compute(
+        (splits, ext["m"], ext["k"]),
+        lambda z, m, k: te.sum(a[m, z * depth + rr].astype("float32") * wg[z * depth + rr, k].astype("float32"), axis=[rr]),
+        name="conv")
+    partial = te.compute((splits, ext["m"], ext["k"]), lambda z, m, k: conv[z, m, k], name="out")
+    first = te.create_prim_func(inputs + [partial]).with_attr("global_symbol", f"{name}_split")
+    given = te.placeholder((splits, ext["m"], ext["k"]), "float32", "partial")
+    rest = _inputs(spec)[2:]
+    z = te.reduce_axis((0, splits), "z")
+    total = te.compute((spec.m, spec.k), lambda m, k: te.sum(given[z, m, k], axis=[z]), name="sum")
+    out = _output(spec, [None, None] + rest, lambda m, k: total[m, k] * rest[0][k] + rest[1][k])
+    second = te.create_prim_func([given] + rest + [out]).with_attr("global_symbol", f"{name}_split_sum")
+    return first, second
 
 
 def padded_conv_extents(spec: ConvSpec, m_unit: int, r_unit: int, k_unit: int) -> dict[str, int]:

@@ -94,8 +94,12 @@ def find_convs(func: relax.Function, conv_names: list[str] | None = None, claime
     graph = Graph(func, claimed)
     convs = [b.var for b in graph.bindings if relax_op(b.value) == "relax.nn.conv2d"]
     names = {var: (conv_names[i] if conv_names and i < len(conv_names) else f"conv2d#{i}") for i, var in enumerate(convs)}
-    found = [_match(graph, var, names[var]) for var in convs if var not in claimed]
-    matmuls = [b.var for b in graph.bindings if _is_fully_connected(b.value) and b.var not in claimed]
+    found = []
+    for var in convs:
+        if var not in graph.claimed:
+            found.append(_match(graph, var, names[var]))
+            graph.claimed |= found[-1].bindings  # a residual add joins two convs' chains: the first takes it
+    matmuls = [b.var for b in graph.bindings if _is_fully_connected(b.value) and b.var not in graph.claimed]
     return found + [_match_fully_connected(graph, var, f"matmul#{i}") for i, var in enumerate(matmuls)]
 
 

@@ -78,7 +78,7 @@ class Graph:
     op kind's planned candidate covers already (a chain stops before them)."""
 
     def __init__(self, func: relax.Function, claimed=frozenset()):
-        self.claimed = claimed
+        self.claimed = set(claimed)
         self.bindings = [b for block in func.body.blocks for b in block.bindings]
         self.value = {b.var: b.value for b in self.bindings}
         self.uses: dict = {}

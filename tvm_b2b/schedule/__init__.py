@@ -28,6 +28,7 @@ class Plan:
     mid_shape: tuple | None = None  # the intermediate's global buffer when there are two kernels
     schedules: list = field(default_factory=list)  # the kernels' s_tir.Schedules (their traces, for tuning records)
     input_channels: int | None = None  # x's channels as the kernels take them, when they pad it (zeros)
+    mid_dtype: str | None = None  # the intermediate's dtype when not the op's (split-K's float32 partial sums)
 
 
 # (op kind, target kind) -> the module under schedule/ whose RULE schedules that kind for that target

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 
 
-from ..op.conv import ConvSpec, conv_prim_func, padded_conv_extents
+from tvm import s_tir
+
+from ..op.conv import ConvSpec, conv_prim_func, padded_conv_extents, split_prim_funcs
 from ..target import max_shared_bytes
 from .cuda_wmma import (CHANNEL_UNIT, DTYPE_BYTES, KNOBS, MIN_BLOCKS, WmmaConfig, aligned_row, buildable_schedules,
                         check_fields, marked, pixel_unit, stages_residual, unsupported_reason)
@@ -43,6 +45,39 @@ def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
     tiles = [t for t in (128, 64, 32) if ext["m"] % t == 0]
     m_tile = next((t for t in tiles if ext["m"] // t * chunks >= MIN_BLOCKS), tiles[-1])
     return WmmaConfig(m_tile=m_tile, k_tile=64, pipeline=1, mma=1, epilogue=2 if m_tile >= 64 else 0)
+
+
+def split_factor(spec: ConvSpec, cfg: WmmaConfig) -> int:
+    """How many ways the default kernel splits its reduction (split-K, op.conv.split_prim_funcs): where
+    its tiles make fewer than MIN_BLOCKS / 2 blocks, doubled while the blocks stay within 2 MIN_BLOCKS
+    and each slice keeps 4 or more reduction steps. ResNet-50's 7x7 and 14x14 layers at batch 1 (49 or
+    196 pixels: 16-32 blocks for 132 SMs, each running the whole reduction alone) split 4-8 ways."""
+    ext = extents(spec)
+    blocks = ext["m"] // cfg.m_tile * (ext["k"] // cfg.n1_tile)
+    steps = ext["r"] // cfg.k_tile
+    splits = 1
+    if blocks >= MIN_BLOCKS // 2:
+        return splits
+    while blocks * splits * 2 <= 2 * MIN_BLOCKS and steps % (2 * splits) == 0 and steps // (2 * splits) >= 4:
+        splits *= 2
+    return splits
+
+
+def schedule_split_sum(func) -> s_tir.Schedule:
+    """The split-K sum and epilogue (op.conv.split_prim_funcs' second kernel): one thread per output
+    element, reading its slices' partial sums (coalesced along the channels)."""
+    sch = s_tir.Schedule(func)
+    m, k = sch.get_loops(sch.get_sblock("out"))
+    block, thread = sch.split(sch.fuse(m, k), [None, SUM_THREADS])
+    sch.bind(block, "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+    total = sch.get_sblock("sum")
+    sch.compute_at(total, thread)
+    sch.set_scope(total, 0, "local")
+    return sch
+
+
+SUM_THREADS = 256
 
 
 def check_config(spec: ConvSpec, cfg: WmmaConfig, arch: int = 80) -> WmmaConfig:
@@ -98,15 +133,24 @@ class ConvTensorCoreRule:
 
     def plan(self, spec: ConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
         """One kernel (`fused` does not apply: there is nothing to split), with the default config
-        where none is given; the staged epilogue's fallback as for the pair."""
+        where none is given, the reduction split over two kernels where that config makes too few
+        blocks (split_factor); the staged epilogue's fallback as for the pair."""
         from . import Plan
 
         cfg = check_config(spec, default_config(spec, info.arch) if config is None else config, info.arch)
         if shared_bytes(spec, cfg) > max_shared_bytes(info.arch):
             raise ValueError(f"config: {cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory, "
                              f"sm_{info.arch} has {max_shared_bytes(info.arch) // 1024} KiB")
-        padded = kernel_spec(spec)
-        schedules, used = buildable_schedules([conv_prim_func(padded, extents(spec))], padded, cfg, info.target)
+        padded, ext = kernel_spec(spec), extents(spec)
+        splits = split_factor(spec, cfg) if config is None else 1  # a given or tuned config runs as measured: whole
+        if splits > 1:  # the partial sums are float32: the staged epilogue stores them
+            cfg = dataclasses.replace(cfg, epilogue=0)
+            first, second = split_prim_funcs(padded, ext, splits)
+            (sch,), used = buildable_schedules([first], padded, cfg, info.target)
+            total = schedule_split_sum(second)
+            return Plan([marked(sch), total.mod["main"]], False, used, "", (splits, ext["m"], ext["k"]), [sch, total],
+                        input_channels=padded.c, mid_dtype="float32")
+        schedules, used = buildable_schedules([conv_prim_func(padded, ext)], padded, cfg, info.target)
         return Plan([marked(sch) for sch in schedules], True, used, "", None, schedules, input_channels=padded.c)
 
 

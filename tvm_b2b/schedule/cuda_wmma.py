@@ -338,7 +338,9 @@ class WmmaFusedSchedule:
         """Tiles the padded output `block`: (pixel tiles, bound to blockIdx.x; channel chunks of
         `frags_n` fragments per warp)."""
         sch, knob = self.sch, self.knob
-        m, n = sch.get_loops(sch.get_sblock(block))
+        *outer, m, n = sch.get_loops(sch.get_sblock(block))
+        if outer:  # split-K slices (op.conv.split_prim_funcs): a grid dimension of their own
+            sch.bind(outer[0], "blockIdx.z")
         block_x, *m_in = sch.split(m, [None, knob["warps_m"], knob["frags_m"], MMA])
         n_chunk, *n_in = sch.split(n, [None, knob["warps_n"], frags_n, MMA])
         sch.reorder(block_x, n_chunk, *m_in, *n_in)
@@ -352,7 +354,8 @@ class WmmaFusedSchedule:
         chunks are blocks too: many blocks even where few pixels give few row tiles), its im2col and
         weight tiles staged like the pair's conv1, its epilogue like the pair's conv2."""
         sch, spec = self.sch, self.spec
-        _, n_chunk = self._output_tiles("out_pad", self.knob["frags_n1"])
+        split = not has_block(sch, "out_pad")  # a split-K slice: its partial sums are the output
+        _, n_chunk = self._output_tiles("out" if split else "out_pad", self.knob["frags_n1"])
         sch.bind(n_chunk, "blockIdx.y")
         sch.compute_at(sch.get_sblock("conv"), n_chunk)
         g = self._gemm(sch.get_sblock("conv"), self.knob["frags_n1"], self.knob["frags_k"])
@@ -360,7 +363,8 @@ class WmmaFusedSchedule:
         self._to_shared(g, 1, vector_lanes(spec.k, 8))
         sch.compute_inline(sch.get_sblock("im2col"))
         sch.compute_inline(sch.get_sblock("w_gemm"))
-        sch.compute_inline(sch.get_sblock("out_pad"))
+        if not split:
+            sch.compute_inline(sch.get_sblock("out_pad"))
         self._epilogue(g, sch.get_sblock("out"), spec.k, to_global=True)
         if self.residual_tile:
             self._residual_tile(g, sch.get_sblock("out"), spec.k)
@@ -489,7 +493,8 @@ class WmmaFusedSchedule:
             sch.reorder(i0, j0, i1, j1)
             g.tensorize_at.append((i1, intrin))
         if self.mma:
-            layout = lambda i, j: (i // MMA, j // MMA, *self.layout(i % MMA, j % MMA))  # noqa: E731
+            # (i, j) of a 2-D buffer, or of each slice of a 3-D one (split-K's accumulators: (slice, i, j))
+            layout = lambda *ix: (*ix[:-2], ix[-2] // MMA, ix[-1] // MMA, *self.layout(ix[-2] % MMA, ix[-1] % MMA))  # noqa: E731
             sch.transform_layout(frag_a, ("write", 0), layout)
             sch.transform_layout(frag_b, ("write", 0), layout)
             block, side = acc_layout_at
