@@ -150,7 +150,7 @@ def test_split_k_definition_computes_the_op():
 
 
 def test_cuda_plan_splits_the_reduction_where_blocks_are_few(tmp_path):
-    """ResNet-50's 7x7 layers at batch 1 make 16 blocks: the default plan splits their reduction 8 ways
+    """ResNet-50's 7x7 layers at batch 1 make 16 blocks: the default plan splits their reduction 9 ways
     (two kernels: float32 partial sums, then their sum with the epilogue), and nvcc compiles both; a
     large layer stays one kernel."""
     from tvm_b2b.schedule.cuda_conv import split_factor
@@ -158,8 +158,12 @@ def test_cuda_plan_splits_the_reduction_where_blocks_are_few(tmp_path):
     target = parse_target("cuda:sm_90")
     small = ConvSpec(n=1, h=7, w=7, c=512, k=512, kh=3, kw=3, pad_h=1, pad_w=1)
     planned = plan(small, target)
-    assert len(planned.kernels) == 2 and planned.mid_shape == (8, 64, 512) and planned.mid_dtype == "float32"
-    assert split_factor(small, planned.config) == 8
+    assert len(planned.kernels) == 2 and planned.mid_shape == (9, 64, 512) and planned.mid_dtype == "float32"
+    assert split_factor(small, planned.config) == 9  # between taps: each slice a whole 3x3 tap
+    assert split_factor(ConvSpec(n=1, h=7, w=7, c=2048, k=512), planned.config) == 8
+    # the im2col tiles load with cp.async: no guarded element-by-element loads (`condval = x_ptr[...]`, what a
+    # slice starting inside a tap's channels made)
+    assert "condval" not in compiled_source(planned.kernels[:1], target)
     assert len(plan(ConvSpec(n=32, h=56, w=56, c=64, k=256), target).kernels) == 1
     if "sm_90" in nvcc_arches():
         nvcc_compile(compiled_source(planned.kernels, target), "sm_90", tmp_path)
