@@ -227,8 +227,10 @@ def test_run_prints_a_summary_with_the_top_5(tmp_path, capsys):
     path, x = tmp_path / "classifier.onnx", tmp_path / "x.npy"
     classifier_model(str(path))
     np.save(x, np.random.default_rng(4).standard_normal((1, 3, 8, 8)).astype(np.float32))
-    assert main(["compile", str(path), "-o", str(tmp_path / "m.so")]) == 0
-    capsys.readouterr()
+    assert main(["compile", str(path), "-o", str(tmp_path / "m.so"), "--progress"]) == 0
+    stages = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert stages[0].startswith("importing") and stages[-1].startswith("building the model")
+    assert any(s.startswith("scheduling conv2d") for s in stages), stages  # a line per kernel scheduled
     assert main(["run", str(tmp_path / "m.so"), "--input", f"x={x}", "--bench"]) == 0
     out = capsys.readouterr().out
     want = ort.InferenceSession(str(path)).run(None, {"x": np.load(x)})[0].reshape(-1)
@@ -308,3 +310,33 @@ def test_two_kernel_plans_run_correctly(model_dir):
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_fusion_is_decided_by_measurement_where_the_database_has_both(model_dir, tmp_path):
+    """Where the tuning database holds records of a pair's fused kernel and of both its convs as single
+    convs, the faster form runs (without them, the rule: see test_cuda_plan_fuses_where_fusing_pays).
+    The records are real schedules' traces with the run times given here."""
+    from tvm_b2b.op.fused_pair import as_single_convs
+    from tvm_b2b.schedule import kind_of, rule_for
+    from tvm_b2b.target import target_info
+    from tvm_b2b.tune.database import TuningDatabase
+    from tvm_b2b.tune.tuner import commit_record
+
+    target, path = parse_target("cuda:sm_90"), str(model_dir / "residual.onnx")
+    info = target_info(target)
+    (pair,) = pairs_of(analyze(path, target, dtype="float16", db=None)[1])
+    assert pair.fused  # the rule fuses it
+
+    def database(name, fused_us, halves_us):
+        db = TuningDatabase(tmp_path / name, lock=True)
+        for spec, us in zip((pair.spec, *as_single_convs(pair.spec)), (fused_us, *halves_us)):
+            rule = rule_for(target, kind_of(spec))
+            planned = rule.plan(spec, info, rule.default_config(spec, info))  # one kernel, as tuning measures it
+            commit_record(db, rule.workload(spec), planned.schedules[0].trace, target, [us * 1e-6])
+        return str(tmp_path / name)
+
+    (pair,) = pairs_of(analyze(path, target, dtype="float16", db=database("split", 10.0, (3.0, 4.0)))[1])
+    assert not pair.fused and pair.plan is None
+    assert "measured faster as two single convs (7.0 us) than fused (10.0 us)" in pair.reason
+    candidates = analyze(path, target, dtype="float16", db=database("fuse", 5.0, (3.0, 4.0)))[1]
+    assert pairs_of(candidates)[0].fused and len(pairs_of(candidates)[0].plan.kernels) == 1

@@ -173,8 +173,12 @@ def _compile(args) -> int:
     target = parse_target(args.target)
     if target_info(target).is_cuda and dtype is None:
         print("hint: --dtype float16 runs the convolutions on tensor cores; this build keeps float32", file=sys.stderr)
+    def progress(line: str) -> None:
+        if args.progress or (args.progress is None and sys.stderr.isatty()):
+            print(f"[{time.perf_counter() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
+
     candidates = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
-                               emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph)
+                               emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph, progress=progress)
     pairs = pairs_of(candidates)
     with open(args.output + ".json") as f:
         convs = json.load(f)["convs"]
@@ -288,6 +292,8 @@ def make_parser() -> argparse.ArgumentParser:
                       "'llvm -mcpu=native', or a target JSON")
     comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
     comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
+    comp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a line on stderr per stage and per kernel scheduled (default: when stderr is a terminal)")
     comp.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch each kernel through the VM instead of "
                       "replaying the model as one CUDA graph (the default)")
     comp.add_argument("--emit-source", metavar="FILE", help="write the whole model's generated device code (CUDA on cuda "

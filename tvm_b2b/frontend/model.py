@@ -36,30 +36,36 @@ def conv_names(model) -> list[str]:
     return [node.name or node.output[0] for node in model.graph.node if node.op_type == "Conv"]
 
 
-def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="auto"):
+def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="auto", progress=None):
     """(normalized Relax module, candidates of every op kind, planned (frontend.rewrite.plan), ONNX
-    model) for `path` on `target`; dtype="float16" runs them in float16."""
+    model) for `path` on `target`; dtype="float16" runs them in float16. progress: called with a line
+    per stage and per scheduled kernel."""
     from .rewrite import plan
 
+    say = progress or (lambda line: None)
+    say(f"importing {path}")
     model = load_onnx(path)
     mod = import_model(model)
-    pairs = plan(mod, target, conv_names(model), dtype, fuse, db)
+    pairs = plan(mod, target, conv_names(model), dtype, fuse, db, progress=say)
     return mod, pairs, model
 
 
 def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto",
-                  emit_source: str | None = None, cuda_graph: bool = True) -> list:
+                  emit_source: str | None = None, cuda_graph: bool = True, progress=None) -> list:
     """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the candidates
     of every op kind (frontend.rewrite.plan). dtype="float16": our kernels run in float16 with float32
     accumulation, and the data stays float16 between them. db: where the fused
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults).
     emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs).
-    cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static)."""
+    cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static).
+    progress: called with a line per stage (tvm-b2b compile prints them on stderr)."""
     from ..codegen import compile_module, generated_source
     from .rewrite import conv_kernels, fuse_pairs, pairs_of
 
-    mod, pairs, model = analyze(path, target, fuse, dtype, db)
+    say = progress or (lambda line: None)
+    mod, pairs, model = analyze(path, target, fuse, dtype, db, progress=say)
     mod, _ = fuse_pairs(mod, target, pairs)
+    say("building the model (TVM: the other ops, code generation)")
     executable = compile_module(mod, target, cuda_graph=cuda_graph)
     if emit_source:
         with open(emit_source, "w") as f:

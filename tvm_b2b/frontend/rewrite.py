@@ -14,7 +14,8 @@ from tvm import relax
 from ..op.kind import op_kinds
 from ..op.spec import OP_KIND as PAIR
 from ..schedule import plan as schedule_plan
-from ..tune.database import resolve_config
+from ..op.fused_pair import as_single_convs
+from ..tune.database import best_us, resolve_config
 
 log = logging.getLogger("tvm_b2b")
 
@@ -92,17 +93,20 @@ class _KernelRewriter(relax.PyExprMutator):
         return bb.emit(relax.op.reshape(y, candidate.out_shape))
 
 
-def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True, db="auto") -> list:
+def plan(mod, target, conv_names=None, dtype: str | None = None, fuse: bool = True, db="auto", progress=None) -> list:
     """Every registered op kind's candidates in mod's main function (op.kind), each planned with
     the target's schedule rule for that kind: a candidate the rule cannot take stays as it is, with
     the reason. Kinds are asked in op.kind's order, each after the bindings that the planned
     candidates of the kinds before it cover (a conv in a fused pair is no single conv). dtype="float16"
     runs the candidates of a float32 model in float16 (fp32 accumulation), casting at their boundary.
-    fuse=False: no pair fuses (the baseline: their convs run as single convs). db: as for tvm_b2b.build."""
+    fuse=False: no pair fuses (the baseline: their convs run as single convs). db: as for tvm_b2b.build.
+    progress: called with a line per candidate scheduled."""
     candidates, claimed = [], frozenset()
     for kind in op_kinds().values():
         found = kind.find(mod["main"], conv_names, claimed)
-        for candidate in found:
+        for i, candidate in enumerate(found, 1):
+            if progress and candidate.fused:
+                progress(f"scheduling {kind.name} {i}/{len(found)}: {' -> '.join(candidate.convs)}")
             _plan_candidate(candidate, target, dtype, fuse, db)
         claimed = claimed.union(*(c.bindings for c in found if c.plan is not None))
         candidates += found
@@ -116,10 +120,16 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
         return
     if dtype and dtype != candidate.spec.dtype:
         candidate.spec = dataclasses.replace(candidate.spec, dtype=dtype)
+    measured = _measured_fusion(candidate, target, db)
+    if measured and measured[0] > measured[1]:
+        candidate.fused = False
+        candidate.reason = (f"measured faster as two single convs ({measured[1]:.1f} us) than fused ({measured[0]:.1f} us); "
+                            "its convs run as single convs")
+        return
     try:
         config = resolve_config(candidate.spec, target, True, None, db)
-        # the rule decides what fuses
-        candidate.plan = schedule_plan(candidate.spec, target, True, config, policy=True, kind=candidate.kind)
+        # the rule decides what fuses: by its measured rule, unless the database measured both forms
+        candidate.plan = schedule_plan(candidate.spec, target, True, config, policy=measured is None, kind=candidate.kind)
     except ValueError as err:
         candidate.fused, candidate.reason = False, str(err).removeprefix("target: ")
         return
@@ -127,6 +137,16 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
         # its convs are single convs then (the next kind's): the same template, exact extents, split-K
         reason = candidate.plan.reason
         candidate.fused, candidate.plan, candidate.reason = False, None, f"{reason}; its convs run as single convs"
+
+
+def _measured_fusion(candidate, target, db) -> tuple[float, float] | None:
+    """(fused µs, µs of its two single convs) of a pair where the tuning database holds records of the
+    fused kernel and of both convs as single convs (op.fused_pair.as_single_convs), else None."""
+    if candidate.kind != PAIR or not db:
+        return None
+    fused = best_us(candidate.spec, target, db)
+    halves = [best_us(spec, target, db) for spec in as_single_convs(candidate.spec)] if fused else [None]
+    return None if None in halves else (fused, sum(halves))
 
 
 def pairs_of(candidates: list) -> list:

@@ -272,6 +272,18 @@ def best_record(database: TuningDatabase, mod, target):
     return None
 
 
+def best_us(spec, target, db="auto") -> float | None:
+    """Mean µs of the fastest record of the spec's workload (any op kind) on the target's arch in the
+    database `db` ("auto": the target GPU's shipped one), or None where it holds none."""
+    from ..schedule import kind_of, rule_for
+
+    directory = find_database(target) if db == "auto" else db
+    if not directory or not target_info(target).is_cuda:
+        return None
+    record = best_record(open_database(directory), rule_for(target, kind_of(spec)).workload(spec), target)
+    return mean_us(record.run_secs) if record is not None else None
+
+
 def record_specs(directory, specs) -> None:
     """Adds the specs to DIR/specs.txt (what the database was tuned for; written atomically)."""
     path = Path(directory) / "specs.txt"
