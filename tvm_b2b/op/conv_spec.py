@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .spec import ACTIVATIONS, DTYPES, parse_value
+from .spec import check_options, parse_value
 
 OP_KIND = "conv2d"
 SIZE_FIELDS = ("n", "h", "w", "c", "k")
@@ -45,12 +45,7 @@ class ConvSpec:
             raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.kh}, {self.kw})")
         if self.ho < 1 or self.wo < 1:
             raise ValueError(f"kernel: {self.kh}x{self.kw} is larger than the padded {self.h}x{self.w} input")
-        if self.act not in ACTIVATIONS:
-            raise ValueError(f"act: expected one of {ACTIVATIONS}, got {self.act!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.residual, bool):
-            raise ValueError(f"residual: expected a bool, got {self.residual!r}")
+        check_options(self, ("act",))
 
     @property
     def ho(self) -> int:

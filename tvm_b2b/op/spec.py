@@ -41,13 +41,7 @@ class FusedConvSpec:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         if self.stride not in STRIDES:
             raise ValueError(f"stride: expected one of {STRIDES}, got {self.stride!r}")
-        for name in ("act1", "act2"):
-            if getattr(self, name) not in ACTIVATIONS:
-                raise ValueError(f"{name}: expected one of {ACTIVATIONS}, got {getattr(self, name)!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.residual, bool):
-            raise ValueError(f"residual: expected a bool, got {self.residual!r}")
+        check_options(self, ("act1", "act2"))
 
     # -- derived sizes -------------------------------------------------------------------------
     @property
@@ -111,6 +105,18 @@ class FusedConvSpec:
         if missing:
             raise ValueError(f"{missing[0]}: missing from the spec")
         return cls(**values)
+
+
+def check_options(spec, activations: tuple[str, ...]) -> None:
+    """ValueError naming the first of a spec's activations (fields `activations`), dtype or residual
+    flag that is not one it can take (every op kind's spec has them)."""
+    for name in activations:
+        if getattr(spec, name) not in ACTIVATIONS:
+            raise ValueError(f"{name}: expected one of {ACTIVATIONS}, got {getattr(spec, name)!r}")
+    if spec.dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {DTYPES}, got {spec.dtype!r}")
+    if not isinstance(spec.residual, bool):
+        raise ValueError(f"residual: expected a bool, got {spec.residual!r}")
 
 
 def parse_value(key: str, raw: str) -> object:

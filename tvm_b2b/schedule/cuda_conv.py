@@ -17,7 +17,7 @@ from tvm import s_tir
 from ..op.conv import ConvSpec, conv_prim_func, padded_conv_extents, split_prim_funcs
 from ..target import max_shared_bytes
 from .cuda_wmma import (CHANNEL_UNIT, DTYPE_BYTES, KNOBS, MIN_BLOCKS, WmmaConfig, aligned_row, buildable_schedules,
-                        check_fields, marked, pixel_unit, stages_residual, unsupported_reason)
+                        TensorCoreRule, check_fields, marked, pixel_unit, stages_residual)
 
 
 def kernel_spec(spec: ConvSpec) -> ConvSpec:
@@ -112,30 +112,18 @@ def workload(spec: ConvSpec):
     return tvm.IRModule({"main": conv_prim_func(kernel_spec(spec), extents(spec))})
 
 
-class ConvTensorCoreRule:
-    """The CUDA tensor-core rule of the single convolution: fp16 on sm_70+, WmmaConfig parameters."""
+class ConvTensorCoreRule(TensorCoreRule):
+    """The CUDA tensor-core rule of the single convolution: the pair's (fp16 on sm_70+, WmmaConfig
+    parameters) with this op's extents, defaults, shared memory and plan."""
 
-    name = "CUDA"
     knobs = {k: v for k, v in KNOBS.items() if k != "frags_n2"}
     workload = staticmethod(workload)
     kernel_spec = staticmethod(kernel_spec)
-
-    def can_implement(self, spec: ConvSpec, info) -> str | None:
-        return unsupported_reason(spec, info.arch)
+    check_config = staticmethod(check_config)
+    shared_bytes = staticmethod(shared_bytes)
 
     def default_config(self, spec: ConvSpec, info) -> WmmaConfig:
         return default_config(spec, info.arch)
-
-    def parse_config(self, config):
-        return WmmaConfig.parse(config) if isinstance(config, str) else config
-
-    def fits(self, spec: ConvSpec, cfg: WmmaConfig, arch: int) -> bool:
-        """Whether cfg tiles the spec and fits the arch's shared memory (a tuning draw)."""
-        try:
-            check_config(spec, cfg, arch)
-        except ValueError:
-            return False
-        return shared_bytes(spec, cfg) <= max_shared_bytes(arch)
 
     def plan(self, spec: ConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
         """One kernel (`fused` does not apply: there is nothing to split), with the default config

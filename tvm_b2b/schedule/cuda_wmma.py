@@ -589,13 +589,16 @@ class TensorCoreRule:
     def parse_config(self, config):
         return WmmaConfig.parse(config) if isinstance(config, str) else config
 
-    def fits(self, spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:
-        """Whether cfg tiles the spec and its fused kernel fits the arch's shared memory (a tuning draw)."""
+    check_config = staticmethod(check_config)
+    shared_bytes = staticmethod(shared_bytes)
+
+    def fits(self, spec, cfg: WmmaConfig, arch: int) -> bool:
+        """Whether cfg tiles the spec and its kernel fits the arch's shared memory (a tuning draw)."""
         try:
-            check_config(spec, cfg, arch)
+            self.check_config(spec, cfg, arch)
         except ValueError:
             return False
-        return fits_shared_memory(spec, cfg, arch)
+        return self.shared_bytes(spec, cfg) <= max_shared_bytes(arch)
 
     def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
         """The op in padded GEMM form, scheduled for tensor cores, and the one decision whether it runs
