@@ -16,10 +16,10 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir import Schedule
 
 from cuda_source import kernels, nvcc_arches, nvcc_compile
-from tvm_b2b import FusedConvSpec, build
+from tvm_b2b import ConvSpec, FusedConvSpec, build
 from tvm_b2b.codegen import compile_module
 from tvm_b2b.tune.database import resolve_config
-from tvm_b2b.schedule import cuda_wmma, plan
+from tvm_b2b.schedule import cuda_wmma, kind_of, plan, rule_for
 from tvm_b2b.target import has_cuda_gpu, parse_target, target_info
 from tvm_b2b.tune import database, space
 from tvm_b2b.tune.tuner import build_candidate, commit_record
@@ -30,8 +30,9 @@ OTHER = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=64, dtype="float16")
 
 def _draws(spec, target, count, seed=1):
     """Random draws of the design space that pass its postprocessors (as the search makes them)."""
-    mod = cuda_wmma.workload(spec)
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=space.design_space(spec, 90),
+    rule = rule_for(target, kind_of(spec))
+    mod = rule.workload(spec)
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=space.design_space(spec, rule, target_info(target)),
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t")
     traces = [s.trace for s in ctx.generate_design_space()]
     postprocs = ctx.space_generator.postprocs
@@ -49,6 +50,18 @@ def _draws(spec, target, count, seed=1):
         if all(p.apply(sch) for p in postprocs):
             found.append(sch)
     return found
+
+
+def test_single_conv_space_draws_search_its_knobs_only():
+    """The single conv (op kind conv2d) is tuned in the same database with the same template: its draws
+    differ, tile its spec, and leave the pair's second-GEMM knob (frags_n2) out of the search."""
+    spec = ConvSpec(n=1, h=14, w=14, c=64, k=128, kh=3, kw=3, pad_h=1, pad_w=1, dtype="float16")
+    target = parse_target("cuda:sm_90")
+    draws = _draws(spec, target, 4)
+    configs = {space.config_of(s.trace) for s in draws}
+    assert len(draws) == 4 and len(configs) > 1
+    sampled = [inst for inst in draws[0].trace.insts if inst.kind.name == "SampleCategorical"]
+    assert len(sampled) == len(cuda_wmma.KNOBS) - 1  # frags_n2 is recorded as a constant, not sampled
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
