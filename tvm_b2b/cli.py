@@ -87,23 +87,41 @@ def _stderr_to(path: str):
             os.close(saved)
 
 
+def _remote_gpu(args):
+    """The GPU that --rpc/--rpc-key name (tune.remote.RemoteGpu), asked up front; None without --rpc."""
+    from .tune.remote import remote_gpu
+
+    if not args.rpc:
+        if args.rpc_key:
+            raise UserError("--rpc-key: only with --rpc HOST:PORT (the RPC tracker to ask)")
+        return None
+    if not args.rpc_key:
+        raise UserError("--rpc: give the key the GPU servers registered under (--rpc-key KEY)")
+    return remote_gpu(args.rpc, args.rpc_key)
+
+
 def _tune(args) -> int:
     from .frontend.model import analyze
     from .frontend.rewrite import pairs_of
     from .op.kind import parse_spec
     from .op.spec import OP_KIND as PAIR
-    from .target import NO_GPU, has_cuda_gpu, parse_target, target_info
+    from .target import NO_GPU, cuda_target, has_cuda_gpu, parse_target, target_info
     from .tune.database import TuningDatabase, record_specs
+    from .tune.remote import check_target
     from .tune.tuner import tune_spec
 
-    target = parse_target(args.target)
-    if not target_info(target).is_cuda:
-        raise UserError("--target: tuning is for CUDA targets (the CPU schedule has no parameters)")
     if args.trials <= 0:
         raise UserError(f"--trials: expected a positive number, got {args.trials}")
-    if not has_cuda_gpu():
+    remote = _remote_gpu(args)
+    target = cuda_target(remote.arch) if remote and args.target == "cuda" else parse_target(args.target)
+    if not target_info(target).is_cuda:
+        raise UserError("--target: tuning is for CUDA targets (the CPU schedule has no parameters)")
+    if remote:
+        check_target(remote, target)
+        print(f"measuring on {remote.name} ({remote.arch}) through the RPC tracker at {remote.tracker}, key {remote.key!r}")
+    elif not has_cuda_gpu():
         raise UserError(f"{NO_GPU} to measure on (tuning times every candidate on the target GPU); "
-                        "run tvm-b2b tune on a machine with that GPU")
+                        "run tvm-b2b tune on a machine with that GPU, or measure through an RPC tracker (--rpc)")
     database = TuningDatabase(args.db, lock=True)  # one tuner per database: a second one stops here
     if args.model:
         _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
@@ -124,11 +142,17 @@ def _tune(args) -> int:
                 print(f"time budget spent: {len(specs) - i + 1} spec(s) left; run the same command again to continue")
                 break
             results.append(tune_spec(spec, target, database, args.trials, work_dir=work_dir,
-                                     label=f"[{i}/{len(specs)}]", deadline=deadline))
+                                     label=f"[{i}/{len(specs)}]", deadline=deadline, remote=remote,
+                                     remote_workers=args.rpc_workers))
     for r in results:
         best = f"{r['best_us']:.1f} us with {r['config']}" if r["best_us"] else "no valid record"
         print(f"{r['spec']}: {r['trials']} trials ({r['trials'] - r['trials_before']} new), best {best}")
     print(f"database: {args.db}")
+    failed = [r for r in results if not r["best_us"]]
+    if failed:  # every trial of a spec failed: the cause, not only "no valid record"
+        cause = next((r["first_error"] for r in failed if r["first_error"]), "no trial was measured")
+        print(f"tvm-b2b tune: {len(failed)} spec(s) without a valid record; first failure: {cause}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -314,6 +338,10 @@ def make_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, default=64, help="trials per spec in total: a rerun continues up to it (default 64)")
     tune.add_argument("--db", required=True, metavar="DIR", help="the tuning database (created if missing; MetaSchedule's JSON files)")
     tune.add_argument("--minutes", type=float, help="stop starting new rounds after this long (rerun to continue)")
+    tune.add_argument("--rpc", metavar="HOST:PORT", help="measure on the GPUs an RPC tracker lends (python -m tvm.exec.rpc_tracker; "
+                      "servers: python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY); candidates build here")
+    tune.add_argument("--rpc-key", metavar="KEY", help="with --rpc: the key the GPU servers registered under")
+    tune.add_argument("--rpc-workers", type=int, default=1, metavar="N", help="with --rpc: measure on N servers at once (default 1)")
     tune.set_defaults(handler=_tune)
 
     run = commands.add_parser(

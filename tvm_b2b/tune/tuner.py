@@ -56,6 +56,14 @@ class CheckedRun:
         tensors, out = device_arguments(self.spec, self._data()[0], device)
         return [[*tensors.values(), out]] * alloc_repeat
 
+    def alloc_remote(self, _session, device, args_info, alloc_repeat: int):
+        """alloc for RPCRunner: the same inputs, copied to the remote device."""
+        return self.alloc(device, args_info, alloc_repeat)
+
+    def evaluate_remote(self, _session, rt_mod, device, evaluator_config, repeated_args):
+        """evaluate for RPCRunner: checked on the remote device, read back through the session."""
+        return self.evaluate(rt_mod, device, evaluator_config, repeated_args)
+
     def evaluate(self, rt_mod, device, evaluator_config, repeated_args):
         from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
 
@@ -87,6 +95,7 @@ class Progress:
     started: float = 0.0
     measured: int = 0
     wrong: int = 0  # candidates whose output did not match the reference (rejected)
+    first_error: str = ""  # the first failed candidate's cause, one line
     out = print
 
     def update(self, batch_us: list[float | None]):
@@ -113,15 +122,34 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         batch = []
         self.progress.wrong += sum("wrong result" in (r.error_msg or "") for r in runner_results)
+        for result in [*builder_results, *runner_results]:
+            if result.error_msg and not self.progress.first_error:
+                self.progress.first_error = _cause(result.error_msg)
         for result in runner_results:
             batch.append(mean_us(result.run_secs) if result.run_secs and not result.error_msg else None)
         self.progress.update(batch)
 
 
+def make_runner(checked: CheckedRun, remote=None, workers: int = 1):
+    """The runner measuring (and checking) candidates: on the local GPU, or with `remote` (a
+    tune.remote.RemoteGpu) on the GPUs an RPC tracker lends, `workers` servers at once (candidates are
+    built here and uploaded)."""
+    evaluator = ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)
+    if remote is None:
+        return ms.runner.LocalRunner(timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
+                                     evaluator_config=evaluator)
+    config = ms.runner.RPCConfig(tracker_host=remote.host, tracker_port=remote.port, tracker_key=remote.key,
+                                 session_priority=1, session_timeout_sec=120)
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, f_alloc_argument=checked.alloc_remote,
+                               f_run_evaluator=checked.evaluate_remote, max_workers=workers)
+
+
 def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: str,
-              label: str = "", deadline: float | None = None, round_trials: int = 16, out=print) -> dict:
-    """Tune one spec until the database holds `trials` records of it (or the deadline passes).
-    Returns what happened: trials before/after, best µs and its config."""
+              label: str = "", deadline: float | None = None, round_trials: int = 16, out=print,
+              remote=None, remote_workers: int = 1) -> dict:
+    """Tune one spec until the database holds `trials` records of it (or the deadline passes), measuring
+    on the local GPU or through an RPC tracker (`remote`: tune.remote.RemoteGpu, `remote_workers`
+    servers at once). Returns what happened: trials before/after, best µs and its config."""
     rule = rule_for(target, kind_of(spec))
     mod = rule.workload(spec)
     spec = getattr(rule, "kernel_spec", lambda s: s)(spec)  # what the kernel computes (the data it is checked on)
@@ -137,9 +165,7 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     except Exception as err:  # noqa: BLE001 -- a cold start is slower, not wrong
         out(f"{progress.label} cost model not warm-started from the database: {err}")
     builder = ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300, initializer=cuda_wmma.register_ldmatrix_index_map)
-    runner = ms.runner.LocalRunner(
-        timeout_sec=120, f_alloc_argument=checked.alloc, f_run_evaluator=checked.evaluate,
-        evaluator_config=ms.runner.EvaluatorConfig(number=20, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False))
+    runner = make_runner(checked, remote, remote_workers)
     if before == 0 and trials > 0:
         batch = measure_default(spec, target, database, builder, runner)
         if batch:
@@ -158,10 +184,19 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
         if progress.done <= round_start:
             break  # the search found nothing new to measure: the space is exhausted
     best = best_record(database, mod, target)
+    valid = best is not None and best.run_secs and mean_us(best.run_secs) < FAILED_RUN_SECS * 1e6
     return {
         "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
-        "best_us": mean_us(best.run_secs) if best else None, "config": config_of(best.trace).to_string() if best else None,
+        "best_us": mean_us(best.run_secs) if valid else None, "config": config_of(best.trace).to_string() if valid else None,
+        "first_error": progress.first_error,
     }
+
+
+def _cause(error_msg: str) -> str:
+    """The line of a builder's or runner's error message that says what went wrong (its last
+    non-empty line: MetaSchedule puts tracebacks first)."""
+    lines = [line.strip() for line in error_msg.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "unknown error"
 
 
 def measure_default(spec, target, database: TuningDatabase, builder, runner) -> list[float | None]:
