@@ -1,14 +1,15 @@
 """End to end on a GPU: torchvision models compiled by tvm-b2b against what a user would run instead.
 
     python3 bench/bench_e2e.py [--models resnet50:1,resnet50:32,mobilenet_v2:1] [--torch-compile max-autotune]
-                               [--no-graph-too] [--out bench/results/e2e_h200]
+                               [--no-graph-too] [--breakdown] [--out bench/results/e2e_h200]
 
 Each model is torchvision's, with random weights (BatchNorm calibrated: onnx_models/torchvision_models.py),
 exported to ONNX (opset 17) and compiled with `tvm-b2b compile --target cuda --dtype float16` (CUDA graph
 on, the default; --no-graph-too also times batch-1 models without it). Its output is checked against onnxruntime (CPU).
 In the same run: PyTorch fp16 channels_last eager, the same replayed as a CUDA graph, and
 torch.compile (--torch-compile MODE; none to skip: max-autotune compiles for minutes per model).
-Prints a table of median µs and writes OUT.json and OUT.txt.
+Prints a table of median µs (with each model's convs by kernel and its compile time) and writes OUT.json and
+OUT.txt; --breakdown also profiles each tvm-b2b model's kernels (OUT_breakdown.txt: µs per inference per kernel).
 """
 from __future__ import annotations
 
