@@ -36,9 +36,10 @@ def _inputs(spec: ConvSpec):
 
 
 def _output(spec: ConvSpec, inputs, pre):
-    """y (m, k) = act(pre(m, k) [+ residual]) in spec.dtype, pre being float32; inputs: x, w, s, b[, residual]."""
+    """y (m, k) = act(pre(m, k) [+ residual]) in spec.dtype, pre being float32; inputs: the op's, the
+    residual last when the spec has one."""
     if spec.residual:
-        res = inputs[4]
+        res = inputs[-1]
         body = lambda m, k: pre(m, k) + res[m, k].astype("float32")  # noqa: E731
     else:
         body = pre
@@ -127,7 +128,7 @@ def split_prim_funcs(spec: ConvSpec, ext: dict[str, int], splits: int, name: str
     rest = _inputs(spec)[2:]
     z = te.reduce_axis((0, splits), "z")
     total = te.compute((spec.m, spec.k), lambda m, k: te.sum(given[z, m, k], axis=[z]), name="sum")
-    out = _output(spec, [None, None] + rest, lambda m, k: total[m, k] * rest[0][k] + rest[1][k])
+    out = _output(spec, rest, lambda m, k: total[m, k] * rest[0][k] + rest[1][k])
     second = te.create_prim_func([given] + rest + [out]).with_attr("global_symbol", f"{name}_split_sum")
     return first, second
 
