@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .spec import check_options, parse_value
+from .spec import check_options, parse_fields
 
 OP_KIND = "conv2d"
 SIZE_FIELDS = ("n", "h", "w", "c", "k")
@@ -92,16 +92,6 @@ class ConvSpec:
     @classmethod
     def parse(cls, text: str) -> "ConvSpec":
         """'n=1,h=56,w=56,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1,...' (sizes required, the rest defaulted)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, object] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, raw = (p.strip() for p in item.partition("="))
-            if not sep or key not in known:
-                raise ValueError(f"{key or item}: not a conv spec field (expected one of {', '.join(known)})")
-            values[key] = int(raw) if key in SIZE_FIELDS + SHAPE_FIELDS and raw.lstrip("-").isdigit() else parse_value(key, raw)
-        missing = [name for name in SIZE_FIELDS if name not in values]
-        if missing:
-            raise ValueError(f"{missing[0]}: missing from the spec")
-        return cls(**values)
+        return parse_fields(cls, text, SIZE_FIELDS + SHAPE_FIELDS, SIZE_FIELDS, "a conv spec field")
 
 

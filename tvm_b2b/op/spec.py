@@ -93,18 +93,23 @@ class FusedConvSpec:
     def parse(cls, text: str) -> "FusedConvSpec":
         """Parse 'n=1,h=56,w=56,c=64,k1=64,k2=64,stride=1,act1=relu,...' (fields not given keep
         their defaults; sizes are required)."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        values: dict[str, object] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, raw = item.partition("=")
-            key, raw = key.strip(), raw.strip()
-            if not sep or key not in known:
-                raise ValueError(f"{key or item}: not a spec field (expected one of {', '.join(known)})")
-            values[key] = parse_value(key, raw)
-        missing = [name for name in SIZE_FIELDS if name not in values]
-        if missing:
-            raise ValueError(f"{missing[0]}: missing from the spec")
-        return cls(**values)
+        return parse_fields(cls, text, SIZE_FIELDS + ("stride",), SIZE_FIELDS, "a spec field")
+
+
+def parse_fields(cls, text: str, int_fields: tuple[str, ...], required: tuple[str, ...], what: str):
+    """cls (a spec dataclass) from 'key=value,...': `int_fields` as integers, residual as a flag, the
+    rest as text; ValueError naming an unknown field (`what` it is not) or the first missing `required` one."""
+    known = [f.name for f in dataclasses.fields(cls)]  # in declaration order, for the message
+    values: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = (p.strip() for p in item.partition("="))
+        if not sep or key not in known:
+            raise ValueError(f"{key or item}: not {what} (expected one of {', '.join(known)})")
+        values[key] = parse_value(key, raw, int_fields)
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise ValueError(f"{missing[0]}: missing from the spec")
+    return cls(**values)
 
 
 def check_options(spec, activations: tuple[str, ...]) -> None:
@@ -119,7 +124,7 @@ def check_options(spec, activations: tuple[str, ...]) -> None:
         raise ValueError(f"residual: expected a bool, got {spec.residual!r}")
 
 
-def parse_value(key: str, raw: str) -> object:
+def parse_value(key: str, raw: str, int_fields: tuple[str, ...]) -> object:
     if key == "residual":
         lowered = raw.lower()
         if lowered in ("1", "true", "yes", "on"):
@@ -127,7 +132,7 @@ def parse_value(key: str, raw: str) -> object:
         if lowered in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"residual: expected 0 or 1, got {raw!r}")
-    if key in SIZE_FIELDS or key == "stride":
+    if key in int_fields:
         try:
             return int(raw)
         except ValueError:
