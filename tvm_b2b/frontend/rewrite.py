@@ -129,7 +129,8 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
     try:
         config = resolve_config(candidate.spec, target, True, None, db)
         # the rule decides what fuses: by its measured rule, unless the database measured both forms
-        candidate.plan = schedule_plan(candidate.spec, target, True, config, policy=measured is None, kind=candidate.kind)
+        candidate.plan = schedule_plan(candidate.spec, target, True, config, policy=measured is None, kind=candidate.kind,
+                                       unfused=False)
     except ValueError as err:
         candidate.fused, candidate.reason = False, str(err).removeprefix("target: ")
         return
@@ -156,17 +157,14 @@ def pairs_of(candidates: list) -> list:
 
 def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
     """Every conv of the model (ONNX names, graph order) with the kernel it gets: "fused-pair" (one
-    kernel with its partner), "tensorcore" (one of our tensor-core kernels alone: a single conv, or
-    a pair run as two kernels), "cpu" (our CPU kernel of a single conv) or "default" (TVM's own
-    schedule), and why."""
+    kernel with its partner), "tensorcore" (a single conv on our tensor-core kernel), "cpu" (our CPU
+    kernel of a single conv) or "default" (TVM's own schedule), and why."""
     kernels = {}
     for c in candidates:
         if c.plan is None:
             continue
-        if c.kind == PAIR and c.fused:
+        if c.kind == PAIR:  # planned pairs are fused ones: the others leave their convs to the single conv
             kernel, reason = "fused-pair", f"fused: {' -> '.join(c.convs)}"
-        elif c.kind == PAIR:
-            kernel, reason = "tensorcore", c.reason
         else:
             on_cpu = c.plan.config is None
             kernel = "cpu" if on_cpu else "tensorcore"

@@ -3,7 +3,7 @@
 `can_implement`, dlight's rule) with:
   - name, and can_implement(spec, info) -> why it cannot run the spec on that target, or None;
   - default_config(spec, info), knobs (what tuning searches), parse_config(text or config);
-  - plan(spec, info, config, fused, policy) -> Plan: the op's kernels, scheduled, and whether they run
+  - plan(spec, info, config, fused, policy, unfused) -> Plan: the op's kernels, scheduled, and whether they run
     it fused. The rule's plan is the one place that decides that (its shared memory, its epilogue
     fallback, and with `policy` the measured rule of when fusing pays).
 `RULES` names the rule of each (op kind, target kind); `plan` below picks it; `info` is the target's TargetInfo.
@@ -54,13 +54,14 @@ def rule_for(target, kind: str = OP_KIND):
 
 
 def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
-         kind: str | None = None) -> Plan:
+         kind: str | None = None, unfused: bool = True) -> Plan:
     """The op's kernels for `target`, scheduled by the rule for its kind. fused=False asks for the
     two-kernel form; policy: fuse only where the rule measured fusing to pay (a model's pairs);
-    config: the rule's parameters (None: its defaults)."""
+    config: the rule's parameters (None: its defaults); unfused=False: a plan that does not fuse has
+    no kernels (the caller runs the op another way)."""
     info = target_info(target)
     rule = rule_for(info, kind or kind_of(spec))
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")
-    return rule.plan(spec, info, rule.parse_config(config), fused, policy)
+    return rule.plan(spec, info, rule.parse_config(config), fused, policy, unfused)

@@ -103,7 +103,8 @@ class CpuRule:
             raise ValueError("config: the CPU schedule takes no parameters")
         return None
 
-    def plan(self, spec, info, config=None, fused: bool = True, policy: bool = False):
+    def plan(self, spec, info, config=None, fused: bool = True, policy: bool = False,
+             unfused: bool = True):
         from . import Plan
 
         funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))

@@ -24,7 +24,8 @@ def schedule_conv_cpu(func) -> s_tir.Schedule:
 class ConvCpuRule(CpuRule):
     """Any conv spec, no parameters, one kernel."""
 
-    def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False):
+    def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False,
+             unfused: bool = True):
         from . import Plan
 
         sch = schedule_conv_cpu(conv_prim_func(spec))

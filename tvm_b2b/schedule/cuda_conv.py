@@ -125,7 +125,8 @@ class ConvTensorCoreRule(TensorCoreRule):
     def default_config(self, spec: ConvSpec, info) -> WmmaConfig:
         return default_config(spec, info.arch)
 
-    def plan(self, spec: ConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
+    def plan(self, spec: ConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False,
+             unfused: bool = True):
         """One kernel (`fused` does not apply: there is nothing to split), with the default config
         where none is given, the reduction split over two kernels where that config makes too few
         blocks (split_factor); the staged epilogue's fallback as for the pair."""

@@ -600,11 +600,13 @@ class TensorCoreRule:
             return False
         return self.shared_bytes(spec, cfg) <= max_shared_bytes(arch)
 
-    def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False):
+    def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False,
+             unfused: bool = True):
         """The op in padded GEMM form, scheduled for tensor cores, and the one decision whether it runs
         fused: not when asked for two kernels, nor with `policy` where fusing measured slower (then with
         the default config), nor where the fused kernel's shared memory (after any epilogue fallback)
-        exceeds the GPU's."""
+        exceeds the GPU's. unfused=False: where it does not fuse, the plan has no kernels (a model's
+        frontend runs such a pair's convs as single convs: the two-kernel form is not scheduled for nothing)."""
         from . import Plan
 
         arch = info.arch
@@ -613,9 +615,13 @@ class TensorCoreRule:
         cfg = check_config(spec, default_config(spec, arch) if config is None or slower else config, arch)
         if not reason and not fits_shared_memory(spec, cfg, arch):
             reason = _too_large(spec, cfg, arch)
+        if reason and not unfused:
+            return Plan([], False, cfg, reason)
         schedules, used = buildable_schedules(_funcs(spec, not reason), spec, cfg, info.target)
         if not reason and used != cfg and not fits_shared_memory(spec, used, arch):
             reason = _too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
+            if not unfused:
+                return Plan([], False, used, reason)
             schedules, used = buildable_schedules(_funcs(spec, False), spec, used, info.target)
         ext = extents(spec)
         return Plan([marked(sch) for sch in schedules], not reason, used, reason or "",
