@@ -41,11 +41,13 @@ class Graph:
         self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
-    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, bias: bool = True, groups: int = 1, pad=None) -> str:
+    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, bias: bool = True, groups: int = 1, pad=None,
+             dilation: int = 1) -> str:
         w = self._const(self.rng.standard_normal((cout, cin // groups, k, k)) * (cin / groups * k * k) ** -0.5)
         inputs = [x, w] + ([self._const(self.rng.standard_normal(cout) * 0.1)] if bias else [])
-        p = k // 2 if pad is None else pad
-        return self._node("Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], pads=[p] * 4, group=groups)
+        p = dilation * (k // 2) if pad is None else pad
+        return self._node("Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], pads=[p] * 4, group=groups,
+                          dilations=[dilation, dilation])
 
     def bn(self, x: str, c: int) -> str:
         r = self.rng
@@ -121,15 +123,36 @@ def two_consumers(g: Graph):  # negative: the intermediate feeds the 1x1 conv an
     return g.add(g.conv(mid, 16, 16, 1), mid)
 
 
-def grouped(g: Graph):  # negative: grouped 3x3
+def grouped(g: Graph):  # ResNeXt's: a grouped 3x3 (4 channels per group) -> 1x1
     return g.relu(g.conv(g.relu(g.conv("x", 16, 32, 3, groups=4)), 32, 16, 1))
+
+
+def inverted_residual(g: Graph, x: str, c: int, out: int, stride: int = 1, expand: int = 6) -> str:
+    """MobileNetV2's block: expand 1x1 -> depthwise 3x3 -> project 1x1 (no activation), + x where shapes match."""
+    wide = c * expand
+    y = g.relu6(g.bn(g.conv(x, c, wide, 1, bias=False), wide))
+    y = g.relu6(g.bn(g.conv(y, wide, wide, 3, stride, bias=False, groups=wide), wide))
+    y = g.bn(g.conv(y, wide, out, 1, bias=False), out)
+    return g.add(y, x) if stride == 1 and c == out else y
+
+
+def depthwise(g: Graph):  # MobileNetV2's blocks: with the residual, then stride 2 with odd channel counts
+    return inverted_residual(g, inverted_residual(g, "x", 16, 16), 16, 12, stride=2, expand=5)
+
+
+def grouped_1x1(g: Graph):  # negative: the 1x1 is grouped
+    return g.conv(g.relu(g.conv("x", 16, 32, 3)), 32, 16, 1, groups=2)
+
+
+def dilated(g: Graph):  # a dilated conv: TVM's own schedule (no op kind takes it)
+    return g.conv(g.relu(g.conv("x", 16, 16, 3, dilation=2)), 16, 8, 1)
 
 
 def sigmoid_between(g: Graph):  # negative: an activation the kernel does not have
     return g.conv(g.sigmoid(g.conv("x", 16, 32, 3)), 32, 16, 1)
 
 
-def grouped_sigmoid(g: Graph):  # negative twice over: grouped 3x3 and a sigmoid between (both reported)
+def grouped_sigmoid(g: Graph):  # negative: a sigmoid between a grouped 3x3 and the 1x1
     return g.conv(g.sigmoid(g.conv("x", 16, 32, 3, groups=4)), 32, 16, 1)
 
 
@@ -171,7 +194,10 @@ MODELS = {
     "no_act": (no_act, (1, 16, 8, 8), 1, 1),
     "conv3x3_conv3x3": (conv3x3_conv3x3, (1, 16, 8, 8), 0, 0),
     "two_consumers": (two_consumers, (1, 16, 8, 8), 1, 0),
-    "grouped": (grouped, (1, 16, 8, 8), 1, 0),
+    "grouped": (grouped, (1, 16, 8, 8), 1, 1),
+    "depthwise": (depthwise, (2, 16, 9, 9), 2, 2),
+    "grouped_1x1": (grouped_1x1, (1, 16, 8, 8), 1, 0),
+    "dilated": (dilated, (1, 16, 8, 8), 1, 0),
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
     "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),

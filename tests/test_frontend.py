@@ -70,10 +70,10 @@ def test_activations_and_residual_are_folded_into_the_spec(model_dir):
     assert specs["stride2"].stride == 2
 
 
-@pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped", "grouped 3x3"),
+@pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped_1x1", "grouped 1x1 conv (groups=2)"),
                                           ("sigmoid_between", "unsupported op between the convolutions: sigmoid"),
-                                          ("grouped_sigmoid", "grouped 3x3 conv (groups=4); unsupported op between the "
-                                                              "convolutions: sigmoid")])
+                                          ("grouped_sigmoid", "unsupported op between the convolutions: sigmoid"),
+                                          ("dilated", "dilated 3x3 conv")])
 def test_report_reasons(model_dir, name, reason, capsys):
     assert main(["report", str(model_dir / f"{name}.onnx"), "--json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
@@ -262,9 +262,12 @@ def test_report_lists_every_conv_with_its_kernel(model_dir, capsys):
     assert all(set(c) == {"name", "kernel", "reason"} and c["reason"] for c in convs)
     paired = {name for p in report["pairs"] for name in (p["conv3x3"], p["conv1x1"])}
     assert {c["name"] for c in convs if c["kernel"] == "fused-pair"} == paired
-    assert main(["report", str(model_dir / "grouped.onnx"), "--json"]) == 0
+    assert main(["report", str(model_dir / "dilated.onnx"), "--json"]) == 0
     convs = json.loads(capsys.readouterr().out)["convs"]
-    assert [c["kernel"] for c in convs] == ["default", "cpu"] and "grouped conv (groups=4)" in convs[0]["reason"]
+    assert [c["kernel"] for c in convs] == ["default", "cpu"] and "dilation [2, 2]" in convs[0]["reason"]
+    assert main(["report", str(model_dir / "grouped_sigmoid.onnx"), "--json"]) == 0
+    convs = json.loads(capsys.readouterr().out)["convs"]  # grouped convs are single convs too
+    assert [c["kernel"] for c in convs] == ["cpu", "cpu"] and "groups=4" in convs[0]["reason"]
 
 
 def test_the_frontend_asks_every_registered_op_kind(model_dir):

@@ -158,7 +158,8 @@ def pairs_of(candidates: list) -> list:
 def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
     """Every conv of the model (ONNX names, graph order) with the kernel it gets: "fused-pair" (one
     kernel with its partner), "tensorcore" (a single conv on our tensor-core kernel), "cpu" (our CPU
-    kernel of a single conv) or "default" (TVM's own schedule), and why."""
+    kernel of a single conv), "cuda-core" (a grouped conv on our CUDA-core kernel) or "default" (TVM's own
+    schedule), and why."""
     kernels = {}
     for c in candidates:
         if c.plan is None:
@@ -166,8 +167,7 @@ def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
         if c.kind == PAIR:  # planned pairs are fused ones: the others leave their convs to the single conv
             kernel, reason = "fused-pair", f"fused: {' -> '.join(c.convs)}"
         else:
-            on_cpu = c.plan.config is None
-            kernel = "cpu" if on_cpu else "tensorcore"
+            kernel = c.plan.kernel
             reason = f"single conv: {c.spec.to_string()}"
         kernels.update({name: (kernel, reason) for name in c.convs})
     reasons = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from .activation import activation as act
+from .conv import group_channel
 from .spec import FusedConvSpec
 
 def activation(value, name: str):
@@ -61,7 +62,8 @@ def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
     (ext m, ext k1) when `ext` is given (see padded_extents)."""
     x, w1, s1, b1 = inputs = _placeholders(spec, "x", "w1", "s1", "b1")
     if ext is not None:
-        return inputs, _gemm_stage1(spec, ext, x, w1, s1, b1)
+        form = _grouped_stage1 if spec.groups > 1 else _gemm_stage1
+        return inputs, form(spec, ext, x, w1, s1, b1)
     dt, s = spec.dtype, spec.stride
     pad = te.compute(
         (spec.n, spec.h + 2, spec.w + 2, spec.c),
@@ -70,11 +72,11 @@ def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
     )
     rh = te.reduce_axis((0, 3), "rh")
     rw = te.reduce_axis((0, 3), "rw")
-    rc = te.reduce_axis((0, spec.c), "rc")
+    rc = te.reduce_axis((0, spec.c // spec.groups), "rc")
 
     def conv1_at(m, k):
         n, oh, ow = pixel(spec, m)
-        a = pad[n, oh * s + rh, ow * s + rw, rc].astype("float32")
+        a = pad[n, oh * s + rh, ow * s + rw, group_channel(k, rc, spec.groups, spec.c, spec.k1)].astype("float32")
         return te.sum(a * w1[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
 
     conv1 = te.compute((spec.m, spec.k1), conv1_at, name="conv1")
@@ -154,6 +156,39 @@ def _gemm_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
     return te.compute(
         (ext["m"], ext["k1"]),
         lambda m, k: _guard(k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
+        name="mid",
+    )
+
+
+def channel_lanes(spec: FusedConvSpec) -> int:
+    """Channels a thread computes at once in a grouped 3x3 (16-byte vectors of fp16 where k1 allows)."""
+    lanes = 8
+    while spec.k1 % lanes:
+        lanes //= 2
+    return lanes
+
+
+def _grouped_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
+    """mid (ext m, ext k1) = act1(grouped 3x3 conv(x) * s1 + b1), zero-padded: a direct convolution
+    (no GEMM: each output channel reads its group's c / groups input channels). Guards test whole
+    vectors of channel_lanes channels (k // lanes), so that a thread's vector of channels loads as one."""
+    dt, s, lanes = spec.dtype, spec.stride, channel_lanes(spec)
+    rh, rw = te.reduce_axis((0, 3), "rh"), te.reduce_axis((0, 3), "rw")
+    rc = te.reduce_axis((0, spec.c // spec.groups), "rc")
+
+    def conv1_at(m, k):
+        n, oh, ow = pixel(spec, m)
+        ih, iw = oh * s + rh - 1, ow * s + rw - 1
+        real = tirx.all(m < spec.m, k // lanes < spec.k1 // lanes)
+        inside = tirx.all(real, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
+        a = _guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
+        b = _guard(real, w1[rh, rw, rc, k], dt)
+        return te.sum(a.astype("float32") * b.astype("float32"), axis=[rh, rw, rc])
+
+    conv1 = te.compute((ext["m"], ext["k1"]), conv1_at, name="conv1")
+    return te.compute(
+        (ext["m"], ext["k1"]),
+        lambda m, k: _guard(k // lanes < spec.k1 // lanes, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
         name="mid",
     )
 

@@ -7,7 +7,7 @@ from tvm import te, tirx
 
 from .activation import activation
 from .conv_spec import OP_KIND, ConvSpec
-from .reference import np_dtype
+from .reference import conv_nhwc, np_dtype
 
 __all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_random_inputs", "padded_conv_extents",
            "split_prim_funcs"]
@@ -25,6 +25,14 @@ def _tap(spec: ConvSpec, r):
 
 def _guard(cond, value, dtype):
     return tirx.if_then_else(cond, value, tirx.const(0, dtype))
+
+
+def group_channel(k, rc, groups: int, in_channels: int, out_channels: int):
+    """The input channel that reduction index rc (< c / groups) of output channel k reads: rc itself in
+    a dense conv (the expression unchanged, and with it the workloads of existing tuning records)."""
+    if groups == 1:
+        return rc
+    return k // (out_channels // groups) * (in_channels // groups) + rc
 
 
 def _inputs(spec: ConvSpec):
@@ -64,11 +72,12 @@ def _direct_form(spec: ConvSpec, inputs):
                                    x[n, h - ph, w_ - pw, c], spec.dtype),
         name="pad",
     )
-    rh, rw, rc = te.reduce_axis((0, spec.kh), "rh"), te.reduce_axis((0, spec.kw), "rw"), te.reduce_axis((0, spec.c), "rc")
+    rh, rw = te.reduce_axis((0, spec.kh), "rh"), te.reduce_axis((0, spec.kw), "rw")
+    rc = te.reduce_axis((0, spec.c // spec.groups), "rc")
 
     def conv_at(m, k):
         n, oh, ow = _pixel(spec, m)
-        a = pad[n, oh * st + rh, ow * st + rw, rc].astype("float32")
+        a = pad[n, oh * st + rh, ow * st + rw, group_channel(k, rc, spec.groups, spec.c, spec.k)].astype("float32")
         return te.sum(a * w[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
 
     conv = te.compute((spec.m, spec.k), conv_at, name="conv")
@@ -143,13 +152,8 @@ def padded_conv_extents(spec: ConvSpec, m_unit: int, r_unit: int, k_unit: int) -
 # -- numpy reference --------------------------------------------------------------------------------
 def conv_reference(spec: ConvSpec, x, w, s, b, residual=None) -> np.ndarray:
     """y (n, ho, wo, k) in spec.dtype; float32 math."""
-    f32, st = np.float32, spec.stride
-    xp = np.pad(x.astype(f32), ((0, 0), (spec.pad_h, spec.pad_h), (spec.pad_w, spec.pad_w), (0, 0)))
-    acc = np.zeros(spec.out_shape, f32)
-    for i in range(spec.kh):
-        for j in range(spec.kw):
-            window = xp[:, i: i + st * (spec.ho - 1) + 1: st, j: j + st * (spec.wo - 1) + 1: st, :]
-            acc += window @ w[i, j].astype(f32)
+    f32 = np.float32
+    acc = conv_nhwc(x, w, spec.stride, (spec.pad_h, spec.pad_w), spec.groups)
     pre = acc * s.astype(f32) + b.astype(f32)
     if spec.residual:
         pre = pre + residual.astype(f32)

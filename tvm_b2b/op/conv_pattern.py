@@ -1,4 +1,4 @@
-"""The single convolution's graph pattern: every conv2d of a normalized Relax function (frontend/
+"""The single convolution's graph pattern: every conv2d (dense, grouped or depthwise) of a normalized Relax function (frontend/
 normalize.py) that no other op kind's planned candidate covers, with what follows it folded into its
 epilogue: per-channel affine ops (bias, BatchNormalization decomposed) into s and b, then a residual
 add and an activation. A conv this op kind cannot take is reported with every reason, never rewritten.
@@ -66,8 +66,6 @@ def conv_problems(call) -> list[str]:
     problems = []
     if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI":
         problems.append("convolution not in NHWC/OHWI layout")
-    if int(a.groups) != 1:
-        problems.append(f"grouped conv (groups={int(a.groups)}): not a single dense convolution")
     if any(int(d) != 1 for d in a.dilation):
         problems.append(f"dilation {[int(d) for d in a.dilation]}")
     if relax_const(call.args[1]) is None:
@@ -129,13 +127,13 @@ def _match(graph: Graph, var, name: str) -> ConvCandidate:
     if problems:
         candidate.reason = "; ".join(problems)
         return candidate
-    k, kh, kw, c = weight_shape(call)
+    k, kh, kw, _ = weight_shape(call)  # (its last axis: a group's input channels)
     scale, bias, last = affine_forward(graph, var, k)
     residual, act, last = epilogue(graph, last, shape_of(call))
-    n, h, w, _ = shape_of(call.args[0])
+    n, h, w, c = shape_of(call.args[0])
     top, left = (int(p) for p in call.attrs.padding[:2])
     candidate.spec = ConvSpec(n=n, h=h, w=w, c=c, k=k, kh=kh, kw=kw, stride=int(call.attrs.strides[0]), pad_h=top,
-                              pad_w=left, act=act, residual=residual is not None, dtype=dtype_of(call))
+                              pad_w=left, act=act, residual=residual is not None, dtype=dtype_of(call), groups=int(call.attrs.groups))
     weight = relax_const(call.args[1]).astype(np.float32).transpose(1, 2, 3, 0)  # OHWI -> HWIO
     candidate.params = {"w": np.ascontiguousarray(weight), "s": scale, "b": bias}
     candidate.x, candidate.residual, candidate.last, candidate.fused = call.args[0], residual, last, True

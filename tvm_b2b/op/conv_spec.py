@@ -3,8 +3,9 @@ runs as (op kind "conv2d"):
 
 y = act( conv(x, w, kh x kw, stride, pad) * s + b [+ r] )
 
-Layouts: x NHWC (n, h, w, c); w HWIO (kh, kw, c, k); s, b (k,) float32; r and y NHWC (n, ho, wo, k).
-groups=1 and no dilation (grouped and depthwise convs are another op kind's). Accumulation is float32.
+Layouts: x NHWC (n, h, w, c); w HWIO (kh, kw, c / groups, k); s, b (k,) float32; r and y NHWC (n, ho, wo, k).
+With groups g, output channel j reads the c / g input channels of its group j // (k / g) (depthwise: g = c).
+No dilation. Accumulation is float32.
 The op's TE definition and numpy reference are in op/conv.py.
 """
 from __future__ import annotations
@@ -12,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .spec import check_options, parse_fields
+from .spec import check_groups, check_options, parse_fields, spec_text
 
 OP_KIND = "conv2d"
 SIZE_FIELDS = ("n", "h", "w", "c", "k")
-SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w")  # defaulted: a 1x1 stride-1 conv
+SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w", "groups")  # defaulted: a dense 1x1 stride-1 conv
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ConvSpec:
     act: str = "relu"
     residual: bool = False
     dtype: str = "float16"
+    groups: int = 1
 
     def __post_init__(self):
         for name in SIZE_FIELDS + SHAPE_FIELDS:
@@ -45,6 +47,7 @@ class ConvSpec:
             raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.kh}, {self.kw})")
         if self.ho < 1 or self.wo < 1:
             raise ValueError(f"kernel: {self.kh}x{self.kw} is larger than the padded {self.h}x{self.w} input")
+        check_groups(self, self.k)
         check_options(self, ("act",))
 
     @property
@@ -62,8 +65,8 @@ class ConvSpec:
 
     @property
     def r(self) -> int:
-        """Depth of the implicit GEMM: the kh x kw taps of every input channel."""
-        return self.kh * self.kw * self.c
+        """Depth of the implicit GEMM: the kh x kw taps of every input channel of a group."""
+        return self.kh * self.kw * self.c // self.groups
 
     @property
     def flops(self) -> int:
@@ -77,7 +80,7 @@ class ConvSpec:
         """Name -> (shape, dtype) of every input, in call order (residual last, when present)."""
         shapes = {
             "x": ((self.n, self.h, self.w, self.c), self.dtype),
-            "w": ((self.kh, self.kw, self.c, self.k), self.dtype),
+            "w": ((self.kh, self.kw, self.c // self.groups, self.k), self.dtype),
             "s": ((self.k,), "float32"),
             "b": ((self.k,), "float32"),
         }
@@ -86,8 +89,7 @@ class ConvSpec:
         return shapes
 
     def to_string(self) -> str:
-        return ",".join(f"{f.name}={int(v) if isinstance(v, bool) else v}"
-                        for f in dataclasses.fields(self) for v in [getattr(self, f.name)])
+        return spec_text(self)
 
     @classmethod
     def parse(cls, text: str) -> "ConvSpec":

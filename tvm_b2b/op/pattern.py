@@ -1,5 +1,5 @@
-"""The fused pair's graph pattern: find the 3x3 -> 1x1 convolution pairs of a normalized Relax
-function (frontend/normalize.py), and give a pair's arguments as the op's kernels take them.
+"""The fused pair's graph pattern: find the 3x3 (dense, grouped or depthwise) -> 1x1 convolution pairs
+of a normalized Relax function (frontend/normalize.py), and give a pair's arguments as the op's kernels take them.
 
 A pair is conv3x3 -> [per-channel affine ops] -> [act1] -> conv1x1 -> [per-channel affine ops]
 -> [+ residual] -> [act2], every intermediate used once. The affine ops (bias, BatchNormalization
@@ -111,8 +111,8 @@ def _conv_problem(call, kernel: int) -> str | None:
     a = call.attrs
     if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI":
         return "convolution not in NHWC/OHWI layout"
-    if int(a.groups) != 1:
-        return f"grouped {kernel}x{kernel} conv (groups={int(a.groups)})"
+    if int(a.groups) != 1 and kernel == 1:
+        return f"grouped 1x1 conv (groups={int(a.groups)})"
     if any(int(d) != 1 for d in a.dilation):
         return f"dilated {kernel}x{kernel} conv"
     if relax_const(call.args[1]) is None:
@@ -276,7 +276,7 @@ def _match(graph: Graph, var2, conv2, names: dict) -> Pair | None:
     residual, act2, last = epilogue(graph, last, shape_of(conv2))
     n, h, w, c = shape_of(conv1.args[0])
     pair.spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=int(conv1.attrs.strides[0]), act1=act1 or "none",
-                              act2=act2, residual=residual is not None, dtype=dtype)
+                              act2=act2, residual=residual is not None, dtype=dtype, groups=int(conv1.attrs.groups))
     pair.params = dict(
         w1=relax_const(conv1.args[1]).astype(np.float32).transpose(1, 2, 3, 0),  # OHWI -> HWIO
         s1=s1, b1=b1,

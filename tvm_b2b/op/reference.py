@@ -20,17 +20,28 @@ def _act(v: np.ndarray, name: str) -> np.ndarray:
     return activation(name).numpy(v)
 
 
+def conv_nhwc(x, w, stride: int, pad: tuple[int, int], groups: int = 1) -> np.ndarray:
+    """The convolution of x NHWC by w HWIO (kh, kw, c / groups, k) in float32, without epilogue: per
+    tap, each group's window times its weights (depthwise: groups = c)."""
+    f32 = np.float32
+    kh, kw, per_group, k = w.shape
+    xp = np.pad(x.astype(f32), ((0, 0), (pad[0], pad[0]), (pad[1], pad[1]), (0, 0)))
+    ho, wo = (xp.shape[1] - kh) // stride + 1, (xp.shape[2] - kw) // stride + 1
+    acc = np.zeros((x.shape[0], ho, wo, groups, k // groups), f32)
+    for i in range(kh):
+        for j in range(kw):
+            window = xp[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride, :]
+            window = window.reshape(*window.shape[:3], groups, per_group)
+            taps = w[i, j].astype(f32).reshape(per_group, groups, k // groups)
+            acc += np.einsum("nhwgc,cgk->nhwgk", window, taps, optimize=True)
+    return acc.reshape(x.shape[0], ho, wo, k)
+
+
 def reference(spec: FusedConvSpec, x, w1, s1, b1, w2, s2, b2, residual=None) -> np.ndarray:
     """y (n, ho, wo, k2) in spec.dtype. Float32 math; the intermediate is rounded to spec.dtype,
     as the kernels store it."""
     f32 = np.float32
-    s = spec.stride
-    xp = np.pad(x.astype(f32), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    acc1 = np.zeros((spec.n, spec.ho, spec.wo, spec.k1), f32)
-    for rh in range(3):
-        for rw in range(3):
-            window = xp[:, rh : rh + s * (spec.ho - 1) + 1 : s, rw : rw + s * (spec.wo - 1) + 1 : s, :]
-            acc1 += window @ w1[rh, rw].astype(f32)
+    acc1 = conv_nhwc(x, w1, spec.stride, (1, 1), spec.groups)
     mid = _act(acc1 * s1.astype(f32) + b1.astype(f32), spec.act1).astype(np_dtype(spec.dtype))
     acc2 = mid.astype(f32) @ w2.astype(f32)
     pre = acc2 * s2.astype(f32) + b2.astype(f32)
@@ -46,7 +57,7 @@ def random_inputs(spec: FusedConvSpec, seed: int = 0) -> dict[str, np.ndarray]:
     arrays = {}
     for name, (shape, dtype) in spec.arg_shapes().items():
         if name == "w1":
-            scale = (9 * spec.c) ** -0.5
+            scale = (9 * spec.c // spec.groups) ** -0.5
         elif name == "w2":
             scale = spec.k1**-0.5
         elif name in ("s1", "s2"):

@@ -1,10 +1,11 @@
 """FusedConvSpec: the shape and options of one fused 3x3 -> 1x1 convolution pair.
 
-y = act2( conv1x1( act1( conv3x3(x, w1, pad 1, stride) * s1 + b1 ), w2 ) * s2 + b2 [+ r] )
+y = act2( conv1x1( act1( conv3x3(x, w1, pad 1, stride, groups) * s1 + b1 ), w2 ) * s2 + b2 [+ r] )
 
-Layouts: x NHWC (n, h, w, c); w1 HWIO (3, 3, c, k1); w2 (k1, k2); s1, b1 (k1,) and s2, b2 (k2,)
-float32; r and y NHWC (n, ho, wo, k2). Accumulation is float32; the intermediate is stored in
-`dtype`, as the fused GPU kernel keeps it in shared memory.
+Layouts: x NHWC (n, h, w, c); w1 HWIO (3, 3, c / groups, k1); w2 (k1, k2); s1, b1 (k1,) and s2, b2 (k2,)
+float32; r and y NHWC (n, ho, wo, k2). groups > 1 makes the 3x3 grouped (MobileNet's depthwise:
+groups = c = k1; ResNeXt's: c / groups channels per group), as op.conv_spec defines it. Accumulation
+is float32; the intermediate is stored in `dtype`, as the fused GPU kernel keeps it in shared memory.
 """
 from __future__ import annotations
 
@@ -33,14 +34,16 @@ class FusedConvSpec:
     act2: str = "relu"
     residual: bool = False
     dtype: str = "float16"
+    groups: int = 1
 
     def __post_init__(self):
-        for name in SIZE_FIELDS + ("stride",):
+        for name in SIZE_FIELDS + ("stride", "groups"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         if self.stride not in STRIDES:
             raise ValueError(f"stride: expected one of {STRIDES}, got {self.stride!r}")
+        check_groups(self, self.k1)
         check_options(self, ("act1", "act2"))
 
     # -- derived sizes -------------------------------------------------------------------------
@@ -60,13 +63,13 @@ class FusedConvSpec:
     @property
     def flops(self) -> int:
         """Multiply-adds of both convolutions, counted as 2 FLOPs each (epilogues not counted)."""
-        return 2 * self.m * (9 * self.c * self.k1 + self.k1 * self.k2)
+        return 2 * self.m * (9 * self.c // self.groups * self.k1 + self.k1 * self.k2)
 
     def arg_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """Name -> (shape, dtype) of every input, in call order (residual last, when present)."""
         shapes = {
             "x": ((self.n, self.h, self.w, self.c), self.dtype),
-            "w1": ((3, 3, self.c, self.k1), self.dtype),
+            "w1": ((3, 3, self.c // self.groups, self.k1), self.dtype),
             "s1": ((self.k1,), "float32"),
             "b1": ((self.k1,), "float32"),
             "w2": ((self.k1, self.k2), self.dtype),
@@ -83,17 +86,31 @@ class FusedConvSpec:
 
     # -- text form, as the CLI takes it ----------------------------------------------------------
     def to_string(self) -> str:
-        parts = []
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            parts.append(f"{field.name}={int(value) if isinstance(value, bool) else value}")
-        return ",".join(parts)
+        return spec_text(self)
 
     @classmethod
     def parse(cls, text: str) -> "FusedConvSpec":
         """Parse 'n=1,h=56,w=56,c=64,k1=64,k2=64,stride=1,act1=relu,...' (fields not given keep
         their defaults; sizes are required)."""
-        return parse_fields(cls, text, SIZE_FIELDS + ("stride",), SIZE_FIELDS, "a spec field")
+        return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups"), SIZE_FIELDS, "a spec field")
+
+
+def spec_text(spec) -> str:
+    """'field=value,...' of a spec dataclass, groups left out while 1 (a dense conv's text, and so its
+    tuning-database spec lists, read as they did before grouped convs existed)."""
+    parts = []
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        if field.name != "groups" or value != 1:
+            parts.append(f"{field.name}={int(value) if isinstance(value, bool) else value}")
+    return ",".join(parts)
+
+
+def check_groups(spec, out_channels: int) -> None:
+    """ValueError unless spec.groups divides both the input channels and `out_channels`."""
+    if spec.c % spec.groups or out_channels % spec.groups:
+        raise ValueError(f"groups: {spec.groups} must divide the input channels ({spec.c}) and the output channels "
+                         f"({out_channels})")
 
 
 def parse_fields(cls, text: str, int_fields: tuple[str, ...], required: tuple[str, ...], what: str):

@@ -1,12 +1,14 @@
-"""Schedule rules of the fused op, one per target kind and file: `cpu` (llvm; also a dlight-style
-`apply(func, target)`) and `cuda_wmma` (tensor cores). A rule is an object (CUTLASS's kernel with its
+"""Schedule rules of the op kinds, one per template and file: `cpu`, `cpu_conv` (llvm), `cuda_wmma`,
+`cuda_conv` (tensor cores), `cuda_grouped_pair` (a grouped 3x3 on CUDA cores feeding a 1x1 on tensor
+cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel with its
 `can_implement`, dlight's rule) with:
   - name, and can_implement(spec, info) -> why it cannot run the spec on that target, or None;
   - default_config(spec, info), knobs (what tuning searches), parse_config(text or config);
   - plan(spec, info, config, fused, policy, unfused) -> Plan: the op's kernels, scheduled, and whether they run
     it fused. The rule's plan is the one place that decides that (its shared memory, its epilogue
     fallback, and with `policy` the measured rule of when fusing pays).
-`RULES` names the rule of each (op kind, target kind); `plan` below picks it; `info` is the target's TargetInfo.
+`RULES` names the rules of each (op kind, target kind) in the order they are asked; `plan` below
+picks the first that can implement the spec (as dlight tries its rules); `info` is the target's TargetInfo.
 """
 from __future__ import annotations
 
@@ -29,10 +31,16 @@ class Plan:
     schedules: list = field(default_factory=list)  # the kernels' s_tir.Schedules (their traces, for tuning records)
     input_channels: int | None = None  # x's channels as the kernels take them, when they pad it (zeros)
     mid_dtype: str | None = None  # the intermediate's dtype when not the op's (split-K's float32 partial sums)
+    kernel: str = "tensorcore"  # what runs it, as `report` names it: "tensorcore", "cuda-core" or "cpu"
 
 
-# (op kind, target kind) -> the module under schedule/ whose RULE schedules that kind for that target
-RULES = {(OP_KIND, "llvm"): "cpu", (OP_KIND, "cuda"): "cuda_wmma", (CONV, "llvm"): "cpu_conv", (CONV, "cuda"): "cuda_conv"}
+# (op kind, target kind) -> the modules under schedule/ whose RULEs schedule that kind for that target
+RULES = {
+    (OP_KIND, "llvm"): ("cpu",),
+    (OP_KIND, "cuda"): ("cuda_wmma", "cuda_grouped_pair"),
+    (CONV, "llvm"): ("cpu_conv",),
+    (CONV, "cuda"): ("cuda_conv", "cuda_grouped_conv"),
+}
 
 
 def kind_of(spec) -> str:
@@ -42,15 +50,20 @@ def kind_of(spec) -> str:
     return next(k.name for k in op_kinds().values() if isinstance(spec, k.spec))
 
 
-def rule_for(target, kind: str = OP_KIND):
-    """The schedule rule of an op kind on a target's kind (ValueError where none serves)."""
+def rule_for(target, kind: str = OP_KIND, spec=None):
+    """The schedule rule of an op kind on a target's kind: the first of RULES that can implement
+    `spec` (the first when none can, or no spec is given: its can_implement then says why; ValueError
+    where the target kind has none)."""
     import importlib
 
     info = target_info(target)
-    module = RULES.get((kind, info.kind))
-    if module is None:
+    modules = RULES.get((kind, info.kind))
+    if modules is None:
         raise ValueError(f"target: no schedule for {kind} on {info.kind} targets (use llvm or cuda)")
-    return importlib.import_module(f"{__name__}.{module}").RULE
+    rules = [importlib.import_module(f"{__name__}.{module}").RULE for module in modules]
+    if spec is None:
+        return rules[0]
+    return next((r for r in rules if r.can_implement(spec, info) is None), rules[0])
 
 
 def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
@@ -60,7 +73,7 @@ def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
     config: the rule's parameters (None: its defaults); unfused=False: a plan that does not fuse has
     no kernels (the caller runs the op another way)."""
     info = target_info(target)
-    rule = rule_for(info, kind or kind_of(spec))
+    rule = rule_for(info, kind or kind_of(spec), spec)
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")

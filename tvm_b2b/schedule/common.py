@@ -19,3 +19,19 @@ def has_block(sch: s_tir.Schedule, name: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - tvm raises its own error type for a missing block
         return False
+
+
+FLOAT32_LANES = 4
+
+
+def vectorize_float32(sch, loop) -> None:
+    """Vectorize a loop computing float32 values in vectors of at most FLOAT32_LANES, the rest unrolled:
+    TVM 0.27's CUDA codegen writes a float32x8 constant as a ulonglong4 made of 8 floats, which does
+    not compile. fp16 loads and stores in it are then 8-byte vectors."""
+    extent = int(sch.get(loop).extent)
+    if extent <= FLOAT32_LANES:
+        sch.vectorize(loop)
+        return
+    outer, inner = sch.split(loop, [None, vector_lanes(extent, FLOAT32_LANES)])
+    sch.vectorize(inner)
+    sch.unroll(outer)

@@ -110,7 +110,7 @@ class CpuRule:
         funcs = [fused_prim_func(spec)] if fused else list(unfused_prim_funcs(spec))
         schedules = [schedule_cpu(f) for f in funcs]
         return Plan([s.mod["main"] for s in schedules], fused, None, "" if fused else "the two-kernel form was asked for",
-                     None if fused else (spec.m, spec.k1), schedules)
+                     None if fused else (spec.m, spec.k1), schedules, kernel="cpu")
 
 
 RULE = CpuRule()

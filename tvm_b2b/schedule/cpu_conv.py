@@ -29,7 +29,7 @@ class ConvCpuRule(CpuRule):
         from . import Plan
 
         sch = schedule_conv_cpu(conv_prim_func(spec))
-        return Plan([sch.mod["main"]], True, None, "", None, [sch])
+        return Plan([sch.mod["main"]], True, None, "", None, [sch], kernel="cpu")
 
 
 RULE = ConvCpuRule()

@@ -578,9 +578,12 @@ class TensorCoreRule:
 
     name = "CUDA"
     knobs = KNOBS
+    schedule_class = WmmaFusedSchedule  # what schedules a config (the tuner's design space too)
     workload = staticmethod(workload)
 
-    def can_implement(self, spec: FusedConvSpec, info) -> str | None:
+    def can_implement(self, spec, info) -> str | None:
+        if spec.groups > 1:
+            return f"a grouped conv (groups={spec.groups}): not a dense GEMM"
         return unsupported_reason(spec, info.arch)
 
     def default_config(self, spec: FusedConvSpec, info) -> WmmaConfig:
@@ -649,7 +652,8 @@ def fits_shared_memory(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:
     return shared_bytes(spec, cfg) <= max_shared_bytes(arch)
 
 
-def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target) -> tuple[list[s_tir.Schedule], WmmaConfig]:
+def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target,
+                        schedule_class=None) -> tuple[list[s_tir.Schedule], WmmaConfig]:
     """The PrimFuncs scheduled with cfg, and cfg; where TVM 0.27 cannot schedule or lower cfg's
     register epilogue (1, 2) for this shape (e.g. k2=16 at stride 2: LowerWarpMemory cannot map the
     trimmed output onto the mma layout), scheduled with the staged epilogue (0, same tiles) and that
@@ -658,9 +662,9 @@ def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target) -> 
     and what the tuner measures as the default both come from here."""
     from ..lower import error_line, lowering_error
 
-    arch, error = target_info(target).arch, None
+    arch, error, schedule_class = target_info(target).arch, None, schedule_class or WmmaFusedSchedule
     try:
-        schedules = [WmmaFusedSchedule(s_tir.Schedule(f), spec, cfg, arch).run() for f in funcs]
+        schedules = [schedule_class(s_tir.Schedule(f), spec, cfg, arch).run() for f in funcs]
         if cfg.epilogue:
             error = lowering_error([marked(sch) for sch in schedules], target)
     except s_tir.ScheduleError as err:
@@ -671,4 +675,4 @@ def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target) -> 
         return schedules, cfg
     log.warning("%s: epilogue=%d does not build for this shape in TVM 0.27 (%s); using the staged "
                 "epilogue (epilogue=0) with the same tiles", spec.to_string(), cfg.epilogue, error)
-    return buildable_schedules(funcs, spec, dataclasses.replace(cfg, epilogue=0), target)
+    return buildable_schedules(funcs, spec, dataclasses.replace(cfg, epilogue=0), target, schedule_class)

@@ -280,7 +280,7 @@ def best_us(spec, target, db="auto") -> float | None:
     directory = find_database(target) if db == "auto" else db
     if not directory or not target_info(target).is_cuda:
         return None
-    record = best_record(open_database(directory), rule_for(target, kind_of(spec)).workload(spec), target)
+    record = best_record(open_database(directory), rule_for(target, kind_of(spec), spec).workload(spec), target)
     return mean_us(record.run_secs) if record is not None else None
 
 
@@ -344,7 +344,7 @@ def tuned_config(spec, target, directory):
     from ..schedule import kind_of, rule_for
     from ..schedule.cuda_wmma import config_of
 
-    record = best_record(open_database(directory), rule_for(target, kind_of(spec)).workload(spec), target)
+    record = best_record(open_database(directory), rule_for(target, kind_of(spec), spec).workload(spec), target)
     if record is None:
         return None
     config = config_of(record.trace)
@@ -363,8 +363,9 @@ def resolve_config(spec, target, fused: bool, config=None, db="auto"):
     directory = find_database(target) if db == "auto" else db
     if directory is None:
         return None
-    from ..schedule.cuda_wmma import unsupported_reason
+    from ..schedule import kind_of, rule_for
 
-    if unsupported_reason(spec, info.arch):
-        return None  # the schedule rule reports it
+    rule = rule_for(info, kind_of(spec), spec)
+    if rule.can_implement(spec, info) or not getattr(rule, "knobs", None):
+        return None  # the schedule rule reports it, or has no parameters to tune
     return tuned_config(spec, target, directory)

@@ -10,7 +10,6 @@ import random
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from ..schedule import cuda_wmma
 from ..schedule.cuda_wmma import config_of
 
 SEARCHED_DEPTHS = (0, 1, 2)  # pipeline depths tuned (3 rarely fits next to the intermediate)
@@ -79,7 +78,7 @@ def design_space(spec, rule, info):
         for mma, epilogue in _instruction_sets(arch):
             for pipeline in SEARCHED_DEPTHS:
                 cfg = dataclasses.replace(rule.default_config(spec, info), pipeline=pipeline, mma=mma, epilogue=epilogue)
-                spaces.append(cuda_wmma.WmmaFusedSchedule(sch.copy(), spec, cfg, arch).run())
+                spaces.append(rule.schedule_class(sch.copy(), spec, cfg, arch).run())
         return spaces
 
     return ms.space_generator.ScheduleFn(

@@ -150,7 +150,7 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     """Tune one spec until the database holds `trials` records of it (or the deadline passes), measuring
     on the local GPU or through an RPC tracker (`remote`: tune.remote.RemoteGpu, `remote_workers`
     servers at once). Returns what happened: trials before/after, best µs and its config."""
-    rule = rule_for(target, kind_of(spec))
+    rule = rule_for(target, kind_of(spec), spec)
     mod = rule.workload(spec)
     spec = getattr(rule, "kernel_spec", lambda s: s)(spec)  # what the kernel computes (the data it is checked on)
     before = len(database.records_for(mod))
@@ -205,7 +205,7 @@ def measure_default(spec, target, database: TuningDatabase, builder, runner) -> 
     the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
     import shutil
 
-    rule = rule_for(target, kind_of(spec))
+    rule = rule_for(target, kind_of(spec), spec)
     planned = rule.plan(spec, target_info(target))  # what build runs by default
     if not planned.fused:
         return []  # not a fused kernel on this GPU: nothing to compare with

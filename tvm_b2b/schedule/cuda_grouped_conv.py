@@ -1,0 +1,68 @@
+"""CUDA rule of the grouped single convolution (op.conv with groups > 1: MobileNet's depthwise 3x3,
+ResNeXt's grouped 3x3, wherever they do not fuse with a 1x1), on CUDA cores: a grouped conv has too
+little reduction per output (kh kw c / groups) for tensor cores, and is bound by memory.
+
+One thread per `lanes` consecutive output channels of a pixel (16-byte vectors of fp16 where k allows):
+its accumulators in registers, the taps unrolled, x and w read along the channels as vectors (the
+window's reuse across neighbouring pixels comes from L1), the padding by predicate, the
+scale/bias/[residual]/act epilogue stored as one vector. No parameters to tune.
+"""
+from __future__ import annotations
+
+from tvm import s_tir
+
+from ..op.conv import ConvSpec, conv_prim_func
+from .common import vector_lanes, vectorize_float32
+
+THREADS = 128
+
+
+def schedule_grouped_conv(func, spec: ConvSpec) -> s_tir.Schedule:
+    sch = s_tir.Schedule(func)
+    out, conv = sch.get_sblock("out"), sch.get_sblock("conv")
+    pixels, channels = sch.get_loops(out)
+    channels, vector = sch.split(channels, [None, vector_lanes(spec.k, 8)])  # before fusing: see cuda_grouped_pair
+    block, thread = sch.split(sch.fuse(pixels, channels), [None, THREADS])
+    sch.bind(block, "blockIdx.x")
+    sch.bind(thread, "threadIdx.x")
+    sch.compute_inline(sch.get_sblock("pad"))
+    sch.compute_at(conv, thread, preserve_unit_loops=True)
+    vectorize_float32(sch, vector)
+    sch.set_scope(conv, 0, "local")
+    *_, pixel, lanes, rh, rw, rc = sch.get_loops(conv)
+    sch.reorder(rh, rw, rc, pixel, lanes)
+    vectorize_float32(sch, lanes)  # before decomposing: the update block alone is not a complete block
+    init = sch.decompose_reduction(conv, rh)
+    vectorize_float32(sch, sch.get_loops(init)[-1])
+    sch.unroll(rh)
+    sch.unroll(rw)
+    return sch
+
+
+class GroupedConvRule:
+    """Grouped convs (groups > 1) in float16 or float32 on any CUDA GPU; no parameters."""
+
+    name = "CUDA"
+    knobs: dict = {}
+
+    def can_implement(self, spec: ConvSpec, info) -> str | None:
+        if spec.groups == 1:
+            return "a dense conv (groups=1): the tensor-core rule's"
+        return None
+
+    def default_config(self, spec, info):
+        return None
+
+    def parse_config(self, config):
+        if config is not None:
+            raise ValueError("config: the grouped conv's CUDA-core schedule takes no parameters")
+        return None
+
+    def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
+        from . import Plan
+
+        sch = schedule_grouped_conv(conv_prim_func(spec), spec)
+        return Plan([sch.mod["main"]], True, None, "", None, [sch], kernel="cuda-core")
+
+
+RULE = GroupedConvRule()
