@@ -1,7 +1,9 @@
 """Benchmark the fused kernel against the same template unfused, torch/cuDNN and a roofline.
 
-Run on the GPU machine:  python3 bench/bench_fused.py [--target cuda] [--quick] [--json FILE]
+Run on the GPU machine:  python3 bench/bench_fused.py [--target cuda] [--quick] [--grouped] [--json FILE]
                             [--config default|tuned|'m_tile=128,warps_m=4' ...] [--db DIR] [--case SPEC ...]
+--grouped: MobileNetV2's depthwise and ResNeXt-50's grouped pairs (N=1 and 32) instead of the dense
+ones; their rows add our two single convs (the form a model runs where a pair does not fuse).
 Prints a table (us, TFLOP/s, % of roofline) and writes JSON to bench/results/. By default each case
 runs with the default parameters and with the tuned ones (the GPU's database in schedules/, or
 --db). The unfused baseline uses the default parameters. The roofline uses
@@ -34,10 +36,28 @@ def cases(quick: bool) -> list[FusedConvSpec]:
     return [s for s in all_cases if s.n == 32 and s.h == 56][:2] if quick else all_cases
 
 
+# (input size, channels of the 3x3 (= k1), k2, stride, residual) of every distinct depthwise pair of
+# torchvision's MobileNetV2 at 224x224 (relu6, then the projection without activation)
+MOBILENET_V2 = [(112, 32, 16, 1, False), (112, 96, 24, 2, False), (56, 144, 24, 1, True), (56, 144, 32, 2, False),
+                (28, 192, 32, 1, True), (28, 192, 64, 2, False), (14, 384, 64, 1, True), (14, 384, 96, 1, False),
+                (14, 576, 96, 1, True), (14, 576, 160, 2, False), (7, 960, 160, 1, True), (7, 960, 320, 1, False)]
+# ResNeXt-50 32x4d: (input size, width (32 groups), k2, stride) of its distinct grouped pairs (+ residual, relu)
+RESNEXT50 = [(56, 128, 256, 1), (56, 256, 512, 2), (28, 256, 512, 1), (28, 512, 1024, 2), (14, 512, 1024, 1),
+             (14, 1024, 2048, 2), (7, 1024, 2048, 1)]
+
+
+def grouped_cases(quick: bool) -> list[FusedConvSpec]:
+    specs = [FusedConvSpec(n=n, h=hw, w=hw, c=c, k1=c, k2=k2, stride=s, act1="relu6", act2="none", residual=r, groups=c)
+             for n in (1, 32) for hw, c, k2, s, r in MOBILENET_V2]
+    specs += [FusedConvSpec(n=n, h=hw, w=hw, c=c, k1=c, k2=k2, stride=s, residual=True, groups=32)
+              for n in (1, 32) for hw, c, k2, s in RESNEXT50]
+    return specs[:2] if quick else specs
+
+
 def min_bytes(spec: FusedConvSpec) -> int:
     e = 2
     x = spec.n * spec.h * spec.w * spec.c
-    w = 9 * spec.c * spec.k1 + spec.k1 * spec.k2
+    w = 9 * spec.c // spec.groups * spec.k1 + spec.k1 * spec.k2
     y = spec.m * spec.k2 * (2 if spec.residual else 1)
     return e * (x + w + y)
 
@@ -86,10 +106,12 @@ def torch_unfused_us(spec: FusedConvSpec, inputs) -> float | None:
     s1, b1, s2, b2 = (t(inputs[k]).half().reshape(1, -1, 1, 1) for k in ("s1", "b1", "s2", "b2"))
     r = t(inputs["residual"]).permute(0, 3, 1, 2) if spec.residual else None
 
+    acts = {"relu": torch.relu, "relu6": lambda v: torch.clamp(v, 0, 6), "none": lambda v: v}
+
     def run():
-        mid = torch.relu(F.conv2d(x, w1, padding=1, stride=spec.stride) * s1 + b1)
+        mid = acts[spec.act1](F.conv2d(x, w1, padding=1, stride=spec.stride, groups=spec.groups) * s1 + b1)
         out = F.conv2d(mid, w2) * s2 + b2
-        return torch.relu(out + r if r is not None else out)
+        return acts[spec.act2](out + r if r is not None else out)
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -102,6 +124,15 @@ def torch_unfused_us(spec: FusedConvSpec, inputs) -> float | None:
     return _torch_time(graph.replay) * 1e6
 
 
+def single_convs_us(spec: FusedConvSpec, inputs, target) -> float:
+    """The pair as our two single convs (op.fused_pair.as_single_convs), each timed alone: what a model
+    runs where the pair does not fuse."""
+    from tvm_b2b.op.conv import conv_random_inputs
+    from tvm_b2b.op.fused_pair import as_single_convs
+
+    return sum(build(s, target, db=None).time_us(conv_random_inputs(s)) for s in as_single_convs(spec))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="cuda")
@@ -111,6 +142,7 @@ def main() -> int:
                         help="schedule parameters to compare: 'default', 'tuned' or e.g. 'm_tile=128,warps_m=4' (repeat; default: default and tuned)")
     parser.add_argument("--db", default="auto", help="tuning database for 'tuned' (default: the GPU's in schedules/)")
     parser.add_argument("--case", action="append", default=None, help="only this spec (repeatable)")
+    parser.add_argument("--grouped", action="store_true", help="MobileNetV2's and ResNeXt-50's grouped pairs")
     parser.add_argument("--list", action="store_true", help="print the cases' specs, N=32 first (for tvm-b2b tune), and exit")
     args = parser.parse_args()
     if args.list:
@@ -121,17 +153,20 @@ def main() -> int:
     if peak_flops:
         print(f"peaks measured: {peak_flops / 1e12:.0f} TFLOP/s fp16 GEMM, {peak_bw / 1e9:.0f} GB/s copy")
     configs = args.config or ["default", "tuned"]
-    header = f"{'case':36} {'config':60} {'fused us':>9} {'unfused us':>10} {'torch us':>9} {'speedup':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check"
+    header = (f"{'case':40} {'config':60} {'fused us':>9} {'unfused us':>10} {'singles us':>10} {'torch us':>9} "
+              f"{'vs best':>7} {'TFLOP/s':>8} {'roof us':>8} {'% roof':>6}  check")
     print(header)
     rows = []
-    specs = [FusedConvSpec.parse(c) for c in args.case] if args.case else cases(args.quick)
+    specs = [FusedConvSpec.parse(c) for c in args.case] if args.case else (grouped_cases if args.grouped else cases)(args.quick)
     for spec in specs:
         inputs = random_inputs(spec)
         want = reference(spec, **inputs)
         unfused_us = build(spec, args.target, fused=False, db=None).time_us(inputs)
+        singles_us = single_convs_us(spec, inputs, args.target) if spec.groups > 1 else None
         torch_us = torch_unfused_us(spec, inputs)
         roof_us = max(spec.flops / peak_flops, min_bytes(spec) / peak_bw) * 1e6 if peak_flops else None
-        name = f"n={spec.n} {spec.h}x{spec.w} {spec.c}->{spec.k1}->{spec.k2}{' +r' if spec.residual else ''}"
+        groups = f" g={spec.groups}" if spec.groups > 1 else ""
+        name = f"n={spec.n} {spec.h}x{spec.w}/{spec.stride} {spec.c}->{spec.k1}->{spec.k2}{groups}{' +r' if spec.residual else ''}"
         for label in configs:
             config = None if label in ("default", "tuned") else label
             db = args.db if label == "tuned" else None
@@ -140,11 +175,12 @@ def main() -> int:
             err, ok = compare(spec, fused(**inputs), want)
             fused_us = fused.time_us(inputs)
             row = dict(spec=spec.to_string(), config=config or "default", fused_us=fused_us, unfused_us=unfused_us,
-                       torch_cudnn_us=torch_us, tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us,
+                       single_convs_us=singles_us, torch_cudnn_us=torch_us, tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us,
                        max_abs_err=err, correct=ok, fused_kernels=len(fused.func_names))
             rows.append(row)
-            print(f"{name:36} {(config or 'default')[:60]:60} {fused_us:9.1f} {unfused_us:10.1f} "
-                  f"{torch_us or float('nan'):9.1f} {unfused_us / fused_us:6.2f}x {row['tflops']:8.1f} "
+            best_other = min(v for v in (unfused_us, singles_us, torch_us) if v)
+            print(f"{name:40} {(config or 'default')[:60]:60} {fused_us:9.1f} {unfused_us:10.1f} {singles_us or float('nan'):10.1f} "
+                  f"{torch_us or float('nan'):9.1f} {best_other / fused_us:6.2f}x {row['tflops']:8.1f} "
                   f"{roof_us or float('nan'):8.1f} {100 * roof_us / fused_us if roof_us else float('nan'):5.1f}%  "
                   f"{'OK' if ok else 'MISMATCH'}", flush=True)
     result = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), target=str(fused.target),

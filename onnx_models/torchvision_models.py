@@ -18,6 +18,7 @@ MODELS = {
     "resnet50": ("resnet50", {}),
     "resnet_bn": ("ResNet", {"layers": [1, 1, 1, 1], "num_classes": 100}),
     "mobilenet_v2": ("mobilenet_v2", {}),
+    "resnext50_32x4d": ("resnext50_32x4d", {}),
     "resnet18": ("resnet18", {}),
 }
 

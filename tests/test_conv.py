@@ -58,7 +58,8 @@ def test_spec_text_round_trip_and_errors():
                           ("n=1,h=8,w=8,c=4,k=4,pad_h=1", "pad: (1, 0) must be smaller"),
                           ("n=1,h=2,w=2,c=4,k=4,kh=5,kw=5,pad_h=1,pad_w=1", "larger than the padded"),
                           ("n=1,h=8,w=8,c=4,k=4,act=gelu", "act: expected one of"),
-                          ("n=1,h=8,w=8,c=4,k=4,groups=2", "groups: not a conv spec field")]:
+                          ("n=1,h=8,w=8,c=4,k=6,groups=4", "groups: 4 must divide the input channels (4) and the output channels (6)"),
+                          ("n=1,h=8,w=8,c=4,k=4,dilation=2", "dilation: not a conv spec field")]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             ConvSpec.parse(text)
 

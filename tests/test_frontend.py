@@ -154,13 +154,26 @@ def test_bad_inputs_are_one_line_errors(model_dir, residual_lib, tmp_path, capsy
         assert message in err and "\n" not in err, (args, err)
 
 
+# test models whose pairs the CUDA rule's measured policy does not fuse (schedule/cuda_grouped_pair.py:
+# several channels per group, or a depthwise k1 above 32), with what their reason says
+CUDA_DECLINED = {"grouped": "channels per group", "depthwise": "k1="}
+
+
+def fused_on_cuda(name: str, pairs) -> int:
+    """How many of a test model's pairs fuse on CUDA (asserting the declined ones' reasons)."""
+    if name in CUDA_DECLINED:
+        assert all(CUDA_DECLINED[name] in p.reason and "single convs" in p.reason for p in pairs), [p.to_json() for p in pairs]
+        return 0
+    return MODELS[name][3]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(MODELS))
 def test_float16_model_on_gpu_matches_onnxruntime(model_dir, tmp_path, name):
     """Every test model on CUDA with --dtype float16 (fused pairs in float16, float32 elsewhere)."""
     lib = tmp_path / f"{name}_cuda.so"
     pairs = pairs_of(compile_model(str(model_dir / f"{name}.onnx"), str(lib), parse_target("cuda"), dtype="float16"))
-    assert sum(p.fused for p in pairs) == MODELS[name][3], [p.to_json() for p in pairs]
+    assert sum(p.fused for p in pairs) == fused_on_cuda(name, pairs), [p.to_json() for p in pairs]
     check_against_onnxruntime(model_dir / f"{name}.onnx", lib, atol=2e-2, rtol=2e-2)
 
 
@@ -175,7 +188,7 @@ def test_float16_model_lowers_for_cuda(model_dir, name):
     target = parse_target("cuda:sm_90")
     mod, candidates, _ = analyze(str(model_dir / f"{name}.onnx"), target, dtype="float16", db=None)
     pairs = pairs_of(candidates)
-    assert sum(p.fused for p in pairs) == MODELS[name][3], [p.to_json() for p in pairs]
+    assert sum(p.fused for p in pairs) == fused_on_cuda(name, pairs), [p.to_json() for p in pairs]
     compile_module(fuse_pairs(mod, target, candidates)[0], target)
 
 

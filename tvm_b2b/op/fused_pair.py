@@ -14,7 +14,7 @@ FUSED_PAIR = register(OpKind(name=OP_KIND, spec=FusedConvSpec, prim_func=fused_p
 def as_single_convs(spec: FusedConvSpec) -> tuple[ConvSpec, ConvSpec]:
     """The pair as two single convs (op kind conv2d): the 3x3 with s1/b1/act1, the 1x1 with the rest."""
     first = ConvSpec(n=spec.n, h=spec.h, w=spec.w, c=spec.c, k=spec.k1, kh=3, kw=3, stride=spec.stride, pad_h=1, pad_w=1,
-                     act=spec.act1, dtype=spec.dtype)
+                     act=spec.act1, dtype=spec.dtype, groups=spec.groups)
     second = ConvSpec(n=spec.n, h=spec.ho, w=spec.wo, c=spec.k1, k=spec.k2, act=spec.act2, residual=spec.residual,
                       dtype=spec.dtype)
     return first, second

@@ -35,3 +35,17 @@ def vectorize_float32(sch, loop) -> None:
     outer, inner = sch.split(loop, [None, vector_lanes(extent, FLOAT32_LANES)])
     sch.vectorize(inner)
     sch.unroll(outer)
+
+
+def conv_in_registers(sch, conv, thread) -> None:
+    """A direct conv block (loops pixel, channels, rh, rw, rc) computed per `thread` of its consumer into
+    local accumulators: the taps unrolled outside the thread's channels, which are float32 vectors."""
+    sch.compute_at(conv, thread, preserve_unit_loops=True)
+    sch.set_scope(conv, 0, "local")
+    *_, pixel, lanes, rh, rw, rc = sch.get_loops(conv)
+    sch.reorder(rh, rw, rc, pixel, lanes)
+    vectorize_float32(sch, lanes)  # before decomposing: the update block alone is not a complete block
+    init = sch.decompose_reduction(conv, rh)
+    vectorize_float32(sch, sch.get_loops(init)[-1])
+    sch.unroll(rh)
+    sch.unroll(rw)

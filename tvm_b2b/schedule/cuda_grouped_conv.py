@@ -12,30 +12,29 @@ from __future__ import annotations
 from tvm import s_tir
 
 from ..op.conv import ConvSpec, conv_prim_func
-from .common import vector_lanes, vectorize_float32
+from .common import conv_in_registers, vector_lanes, vectorize_float32
 
 THREADS = 128
+
+
+def channel_lanes(spec: ConvSpec) -> int:
+    """Output channels per thread: 8 (16-byte vectors) for a depthwise conv, whose channels read distinct
+    inputs; 2 where a group has several input channels, all of a thread's outputs then reading the same
+    ones (a long reduction per output: more threads hide its latency; ResNeXt-50's 7x7 layers at batch 1)."""
+    return vector_lanes(spec.k, 8 if spec.c == spec.groups else 2)
 
 
 def schedule_grouped_conv(func, spec: ConvSpec) -> s_tir.Schedule:
     sch = s_tir.Schedule(func)
     out, conv = sch.get_sblock("out"), sch.get_sblock("conv")
     pixels, channels = sch.get_loops(out)
-    channels, vector = sch.split(channels, [None, vector_lanes(spec.k, 8)])  # before fusing: see cuda_grouped_pair
+    channels, vector = sch.split(channels, [None, channel_lanes(spec)])  # before fusing: see cuda_grouped_pair
     block, thread = sch.split(sch.fuse(pixels, channels), [None, THREADS])
     sch.bind(block, "blockIdx.x")
     sch.bind(thread, "threadIdx.x")
     sch.compute_inline(sch.get_sblock("pad"))
-    sch.compute_at(conv, thread, preserve_unit_loops=True)
+    conv_in_registers(sch, conv, thread)
     vectorize_float32(sch, vector)
-    sch.set_scope(conv, 0, "local")
-    *_, pixel, lanes, rh, rw, rc = sch.get_loops(conv)
-    sch.reorder(rh, rw, rc, pixel, lanes)
-    vectorize_float32(sch, lanes)  # before decomposing: the update block alone is not a complete block
-    init = sch.decompose_reduction(conv, rh)
-    vectorize_float32(sch, sch.get_loops(init)[-1])
-    sch.unroll(rh)
-    sch.unroll(rw)
     return sch
 
 

@@ -22,7 +22,7 @@ from tvm import s_tir
 from ..op.compute import channel_lanes, fused_prim_func, padded_extents, unfused_prim_funcs
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
-from .common import has_block, vectorize_float32
+from .common import conv_in_registers, has_block, vectorize_float32
 from .cuda_wmma import (CONV2_K_FRAGS, DTYPE_BYTES, KNOBS, MIN_BLOCKS, MMA, WARP, TensorCoreRule, WmmaConfig,
                         WmmaFusedSchedule, aligned_row, buildable_schedules, check_fields, marked, pixel_unit,
                         stages_residual, unsupported_reason)
@@ -59,16 +59,8 @@ class GroupedPairSchedule(WmmaFusedSchedule):
         _, ty_m, ty_n, thread = sch.split(sch.fuse(pixels, channels), [None, knob["warps_m"], knob["warps_n"], WARP])
         sch.bind(sch.fuse(ty_m, ty_n), "threadIdx.y")
         sch.bind(thread, "threadIdx.x")
-        sch.compute_at(conv1, thread, preserve_unit_loops=True)
-        sch.set_scope(conv1, 0, "local")
+        conv_in_registers(sch, conv1, thread)
         vectorize_float32(sch, vector)
-        *_, pixel, lanes, rh, rw, rc = sch.get_loops(conv1)
-        sch.reorder(rh, rw, rc, pixel, lanes)
-        vectorize_float32(sch, lanes)  # before decomposing: the update block alone is not a complete block
-        init = sch.decompose_reduction(conv1, rh)
-        vectorize_float32(sch, sch.get_loops(init)[-1])
-        sch.unroll(rh)
-        sch.unroll(rw)
 
 
 CHANNEL_UNIT = 32  # k1 and k2 are padded to this (conv2's reduction step; MobileNetV2's k2 = 24 wastes 8, not 40)
@@ -119,6 +111,27 @@ def workload(spec: FusedConvSpec):
     return tvm.IRModule({"main": fused_prim_func(spec, extents(spec))})
 
 
+FUSION_MAX_K1 = 32
+
+
+def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
+    """Why fusing is expected to be slower than the pair's two single convs (None when fusing pays).
+    Measured on the H200 (bench/results/fused_h200_s10_grouped_probe.json, default configs): fused wins
+    at k1 = 32 (MobileNetV2's first pair, N=1: 4.8 us against 7.4 for the two single convs) and loses
+    from k1 = 144 on (N=1 56x56 144->24: 31.9 against 9.5; N=32: 269 against 91): each block computes the
+    3x3 for all k1 channels of its pixels alone, few blocks, 4 warps each, and ncu shows it bound by
+    instruction issue (the index arithmetic of each guarded load) at 6% occupancy. A grouped 3x3 with
+    several channels per group also recomputes its larger reduction for every chunk of k2 channels."""
+    per_group = spec.c // spec.groups
+    if per_group > 1:
+        return (f"grouped 3x3 with {per_group} channels per group: the fused kernel recomputes it for every "
+                f"chunk of k2 channels")
+    if spec.k1 > FUSION_MAX_K1:
+        return (f"k1={spec.k1} > {FUSION_MAX_K1}: this fused kernel's depthwise stage measured slower than two "
+                f"kernels at such widths (H200)")
+    return None
+
+
 class GroupedPairRule(TensorCoreRule):
     """The grouped pair's CUDA rule: the dense pair's parameters and plan, this template's schedule,
     extents and defaults."""
@@ -139,13 +152,15 @@ class GroupedPairRule(TensorCoreRule):
 
     def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False,
              unfused: bool = True):
-        """Fused unless asked for two kernels or shared memory does not hold mid (then the two-kernel
-        form, or no kernels with unfused=False: a model's frontend runs the convs as single convs)."""
+        """Fused unless asked for two kernels, or with `policy` where fusing is expected slower
+        (fusion_loss_reason), or where shared memory does not hold mid: then the two-kernel form, or no
+        kernels with unfused=False (a model's frontend runs the convs as single convs)."""
         from . import Plan
 
         arch = info.arch
-        cfg = check_config(spec, default_config(spec, arch) if config is None else config, arch)
-        reason = None if fused else "the two-kernel form was asked for"
+        slower = fusion_loss_reason(spec) if fused and policy else None
+        cfg = check_config(spec, default_config(spec, arch) if config is None or slower else config, arch)
+        reason = slower or (None if fused else "the two-kernel form was asked for")
         ext = extents(spec)
         for _ in range(2):  # the chosen config, then the staged epilogue's fallback (buildable_schedules)
             if not reason and shared_bytes(spec, cfg) > max_shared_bytes(arch):
