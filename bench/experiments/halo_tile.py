@@ -45,7 +45,8 @@ from tvm.script import tirx as T  # noqa: E402
 
 from tvm_b2b import FusedConvSpec  # noqa: E402
 from tvm_b2b.lower import POOL_ATTR  # noqa: E402
-from tvm_b2b.op.compute import _guard, _matmul, _placeholders, activation, round_up  # noqa: E402
+from tvm_b2b.op.compute import _matmul, _placeholders, activation, round_up  # noqa: E402
+from tvm_b2b.op.conv import guard as _guard  # noqa: E402
 from tvm_b2b.codegen import compile_module  # noqa: E402
 from tvm_b2b.op.device import device_arguments  # noqa: E402
 from tvm_b2b.op.reference import _act, compare, np_dtype, random_inputs, reference  # noqa: E402

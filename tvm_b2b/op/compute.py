@@ -13,17 +13,13 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from .activation import activation as act
-from .conv import group_channel
+from .conv import direct_conv, group_channel, guard, pixel
+from .conv_spec import ConvSpec
 from .spec import FusedConvSpec
 
 def activation(value, name: str):
     """act(value) on a float32 expression (op.activation's table)."""
     return act(name).te(value)
-
-
-def pixel(spec: FusedConvSpec, m):
-    """(n, oh, ow) of GEMM row m."""
-    return m // (spec.ho * spec.wo), m // spec.wo % spec.ho, m % spec.wo
 
 
 def _placeholders(spec: FusedConvSpec, *names: str) -> list:
@@ -41,10 +37,6 @@ def _matmul(a, b, rows: int, cols: int, depth: int, name: str):
     )
 
 
-def _guard(cond, value, dtype):
-    return tirx.if_then_else(cond, value, tirx.const(0, dtype))
-
-
 def _output(spec: FusedConvSpec, pre):
     """y (m, k2) = act2(pre(m, k) [+ residual]) in spec.dtype, pre being float32: the one place
     that reads the residual and trims to the real extents. Returns (its extra inputs, y)."""
@@ -57,6 +49,12 @@ def _output(spec: FusedConvSpec, pre):
     return extra, out
 
 
+def conv3x3_spec(spec: FusedConvSpec) -> ConvSpec:
+    """The pair's 3x3 as a single conv (op kind conv2d) with s1/b1/act1."""
+    return ConvSpec(n=spec.n, h=spec.h, w=spec.w, c=spec.c, k=spec.k1, kh=3, kw=3, stride=spec.stride, pad_h=1, pad_w=1,
+                    act=spec.act1, dtype=spec.dtype, groups=spec.groups)
+
+
 def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
     """x -> mid: the 3x3 conv with s1/b1/act1 in spec.dtype, (m, k1), or in padded GEMM form
     (ext m, ext k1) when `ext` is given (see padded_extents)."""
@@ -64,25 +62,10 @@ def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
     if ext is not None:
         form = _grouped_stage1 if spec.groups > 1 else _gemm_stage1
         return inputs, form(spec, ext, x, w1, s1, b1)
-    dt, s = spec.dtype, spec.stride
-    pad = te.compute(
-        (spec.n, spec.h + 2, spec.w + 2, spec.c),
-        lambda n, h, w, c: _guard(tirx.all(h >= 1, h <= spec.h, w >= 1, w <= spec.w), x[n, h - 1, w - 1, c], dt),
-        name="pad",
-    )
-    rh = te.reduce_axis((0, 3), "rh")
-    rw = te.reduce_axis((0, 3), "rw")
-    rc = te.reduce_axis((0, spec.c // spec.groups), "rc")
-
-    def conv1_at(m, k):
-        n, oh, ow = pixel(spec, m)
-        a = pad[n, oh * s + rh, ow * s + rw, group_channel(k, rc, spec.groups, spec.c, spec.k1)].astype("float32")
-        return te.sum(a * w1[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
-
-    conv1 = te.compute((spec.m, spec.k1), conv1_at, name="conv1")
+    conv1 = direct_conv(conv3x3_spec(spec), x, w1, "conv1")
     mid = te.compute(
         (spec.m, spec.k1),
-        lambda m, k: activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt),
+        lambda m, k: activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(spec.dtype),
         name="mid",
     )
     return inputs, mid
@@ -144,24 +127,24 @@ def _gemm_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
         n, oh, ow = pixel(spec, m)
         ih, iw = oh * s + r // (3 * c) - 1, ow * s + r // c % 3 - 1
         inside = tirx.all(m < spec.m, r < 9 * c, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
-        return _guard(inside, x[n, ih, iw, r % c], dt)
+        return guard(inside, x[n, ih, iw, r % c], dt)
 
     a1 = te.compute((ext["m"], ext["r"]), im2col_at, name="im2col")
     b1g = te.compute(
         (ext["r"], ext["k1"]),
-        lambda r, k: _guard(tirx.all(r < 9 * c, k < spec.k1), w1[r // (3 * c), r // c % 3, r % c, k], dt),
+        lambda r, k: guard(tirx.all(r < 9 * c, k < spec.k1), w1[r // (3 * c), r // c % 3, r % c, k], dt),
         name="w1_gemm",
     )
     conv1 = _matmul(a1, b1g, ext["m"], ext["k1"], ext["r"], "conv1")
     return te.compute(
         (ext["m"], ext["k1"]),
-        lambda m, k: _guard(k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
+        lambda m, k: guard(k < spec.k1, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
         name="mid",
     )
 
 
 def channel_lanes(spec: FusedConvSpec) -> int:
-    """Channels a thread computes at once in a grouped 3x3 (16-byte vectors of fp16 where k1 allows)."""
+    """Channels a thread computes at once in a grouped 3x3 (8 where k1 allows: two 8-byte vectors of fp16)."""
     lanes = 8
     while spec.k1 % lanes:
         lanes //= 2
@@ -181,14 +164,14 @@ def _grouped_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
         ih, iw = oh * s + rh - 1, ow * s + rw - 1
         real = tirx.all(m < spec.m, k // lanes < spec.k1 // lanes)
         inside = tirx.all(real, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
-        a = _guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
-        b = _guard(real, w1[rh, rw, rc, k], dt)
+        a = guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
+        b = guard(real, w1[rh, rw, rc, k], dt)
         return te.sum(a.astype("float32") * b.astype("float32"), axis=[rh, rw, rc])
 
     conv1 = te.compute((ext["m"], ext["k1"]), conv1_at, name="conv1")
     return te.compute(
         (ext["m"], ext["k1"]),
-        lambda m, k: _guard(k // lanes < spec.k1 // lanes, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
+        lambda m, k: guard(k // lanes < spec.k1 // lanes, activation(conv1[m, k] * s1[k] + b1[k], spec.act1).astype(dt), dt),
         name="mid",
     )
 
@@ -197,14 +180,14 @@ def _gemm_stage2(spec: FusedConvSpec, ext: dict[str, int], mid, w2, s2, b2):
     """y from mid (ext m, ext k1) @ w2 zero-padded to (ext k1, ext k2)."""
     b2g = te.compute(
         (ext["k1"], ext["k2"]),
-        lambda r, k: _guard(tirx.all(r < spec.k1, k < spec.k2), w2[r, k], spec.dtype),
+        lambda r, k: guard(tirx.all(r < spec.k1, k < spec.k2), w2[r, k], spec.dtype),
         name="w2_gemm",
     )
     conv2 = _matmul(mid, b2g, ext["m"], ext["k2"], ext["k1"], "conv2")
     # Tiles cover the padded extents (out_pad, no bounds checks); the store to y trims.
     out_pad = te.compute(
         (ext["m"], ext["k2"]),
-        lambda m, k: _guard(k < spec.k2, conv2[m, k] * s2[k] + b2[k], "float32"),
+        lambda m, k: guard(k < spec.k2, conv2[m, k] * s2[k] + b2[k], "float32"),
         name="out_pad",
     )
     return _output(spec, lambda m, k: out_pad[m, k])

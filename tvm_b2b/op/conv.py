@@ -14,7 +14,8 @@ __all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_rand
 
 
 # -- TE definition ----------------------------------------------------------------------------------
-def _pixel(spec: ConvSpec, m):
+def pixel(spec, m):
+    """(n, oh, ow) of GEMM row m (any op kind's spec: n, ho, wo)."""
     return m // (spec.ho * spec.wo), m // spec.wo % spec.ho, m % spec.wo
 
 
@@ -23,7 +24,8 @@ def _tap(spec: ConvSpec, r):
     return r // (spec.kw * spec.c), r // spec.c % spec.kw, r % spec.c
 
 
-def _guard(cond, value, dtype):
+def guard(cond, value, dtype):
+    """value where cond holds, else zero of dtype."""
     return tirx.if_then_else(cond, value, tirx.const(0, dtype))
 
 
@@ -65,10 +67,17 @@ def conv_prim_func(spec: ConvSpec, ext: dict[str, int] | None = None, name: str 
 
 def _direct_form(spec: ConvSpec, inputs):
     x, w, s, b = inputs[:4]
+    conv = direct_conv(spec, x, w)
+    return _output(spec, inputs, lambda m, k: conv[m, k] * s[k] + b[k])
+
+
+def direct_conv(spec: ConvSpec, x, w, name: str = "conv"):
+    """conv(x, w) (m, k) in float32, no epilogue, over a zero-padded copy of x (blocks pad and `name`):
+    the direct form (the CPU schedules', the grouped convs' on CUDA cores; the fused pair's 3x3 too)."""
     ph, pw, st = spec.pad_h, spec.pad_w, spec.stride
     pad = te.compute(
         (spec.n, spec.h + 2 * ph, spec.w + 2 * pw, spec.c),
-        lambda n, h, w_, c: _guard(tirx.all(h >= ph, h < spec.h + ph, w_ >= pw, w_ < spec.w + pw),
+        lambda n, h, w_, c: guard(tirx.all(h >= ph, h < spec.h + ph, w_ >= pw, w_ < spec.w + pw),
                                    x[n, h - ph, w_ - pw, c], spec.dtype),
         name="pad",
     )
@@ -76,12 +85,11 @@ def _direct_form(spec: ConvSpec, inputs):
     rc = te.reduce_axis((0, spec.c // spec.groups), "rc")
 
     def conv_at(m, k):
-        n, oh, ow = _pixel(spec, m)
+        n, oh, ow = pixel(spec, m)
         a = pad[n, oh * st + rh, ow * st + rw, group_channel(k, rc, spec.groups, spec.c, spec.k)].astype("float32")
         return te.sum(a * w[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
 
-    conv = te.compute((spec.m, spec.k), conv_at, name="conv")
-    return _output(spec, inputs, lambda m, k: conv[m, k] * s[k] + b[k])
+    return te.compute((spec.m, spec.k), conv_at, name=name)
 
 
 def _im2col(spec: ConvSpec, ext: dict[str, int], x):
@@ -89,11 +97,11 @@ def _im2col(spec: ConvSpec, ext: dict[str, int], x):
     st = spec.stride
 
     def im2col_at(m, r):
-        n, oh, ow = _pixel(spec, m)
+        n, oh, ow = pixel(spec, m)
         i, j, c = _tap(spec, r)
         ih, iw = oh * st + i - spec.pad_h, ow * st + j - spec.pad_w
         inside = tirx.all(m < spec.m, r < spec.r, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
-        return _guard(inside, x[n, ih, iw, c], spec.dtype)
+        return guard(inside, x[n, ih, iw, c], spec.dtype)
 
     return te.compute((ext["m"], ext["r"]), im2col_at, name="im2col")
 
@@ -101,7 +109,7 @@ def _im2col(spec: ConvSpec, ext: dict[str, int], x):
 def _weights(spec: ConvSpec, ext: dict[str, int], w):
     """w as the (ext r, ext k) GEMM operand, zero-padded."""
     return te.compute((ext["r"], ext["k"]),
-                      lambda r, k: _guard(tirx.all(r < spec.r, k < spec.k), w[(*_tap(spec, r), k)], spec.dtype),
+                      lambda r, k: guard(tirx.all(r < spec.r, k < spec.k), w[(*_tap(spec, r), k)], spec.dtype),
                       name="w_gemm")
 
 
@@ -113,7 +121,7 @@ def _gemm_form(spec: ConvSpec, ext: dict[str, int], inputs):
     rr = te.reduce_axis((0, ext["r"]), "r")
     conv = te.compute((ext["m"], ext["k"]),
                       lambda m, k: te.sum(a[m, rr].astype("float32") * wg[rr, k].astype("float32"), axis=[rr]), name="conv")
-    out_pad = te.compute((ext["m"], ext["k"]), lambda m, k: _guard(k < spec.k, conv[m, k] * s[k] + b[k], "float32"),
+    out_pad = te.compute((ext["m"], ext["k"]), lambda m, k: guard(k < spec.k, conv[m, k] * s[k] + b[k], "float32"),
                          name="out_pad")
     return _output(spec, inputs, lambda m, k: out_pad[m, k])
 

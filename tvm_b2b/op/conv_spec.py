@@ -10,7 +10,6 @@ The op's TE definition and numpy reference are in op/conv.py.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from .spec import check_groups, check_options, parse_fields, spec_text

@@ -21,6 +21,22 @@ def has_block(sch: s_tir.Schedule, name: str) -> bool:
         return False
 
 
+class ParameterlessRule:
+    """What a schedule rule without parameters has: no knobs, no default config, a given config refused
+    with a message naming the schedule (`what`)."""
+
+    knobs: dict = {}
+    what = "this schedule"
+
+    def default_config(self, spec, info):
+        return None
+
+    def parse_config(self, config):
+        if config is not None:
+            raise ValueError(f"config: {self.what} takes no parameters")
+        return None
+
+
 FLOAT32_LANES = 4
 
 

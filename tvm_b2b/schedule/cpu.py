@@ -10,7 +10,7 @@ from tvm import s_tir
 
 from ..op.compute import fused_prim_func, unfused_prim_funcs
 from ..target import target_info
-from .common import has_block, vector_lanes
+from .common import ParameterlessRule, has_block, vector_lanes
 
 PIXELS_PER_TILE = 16
 # Register block of the reductions: REG_PIXELS x REG_CHANNELS float32 accumulators stay in
@@ -86,21 +86,13 @@ def apply(func, target) -> s_tir.Schedule | None:
     return schedule_cpu(func)
 
 
-class CpuRule:
+class CpuRule(ParameterlessRule):
     """The CPU rule: any spec, no parameters; fused whenever asked (no fusion policy)."""
 
     name = "CPU"
-    knobs: dict = {}
+    what = "the CPU schedule"
 
     def can_implement(self, spec, info) -> str | None:
-        return None
-
-    def default_config(self, spec, info):
-        return None
-
-    def parse_config(self, config):
-        if config is not None:
-            raise ValueError("config: the CPU schedule takes no parameters")
         return None
 
     def plan(self, spec, info, config=None, fused: bool = True, policy: bool = False,

@@ -118,6 +118,7 @@ class ConvTensorCoreRule(TensorCoreRule):
 
     knobs = {k: v for k, v in KNOBS.items() if k != "frags_n2"}
     workload = staticmethod(workload)
+    extents = staticmethod(extents)
     kernel_spec = staticmethod(kernel_spec)
     check_config = staticmethod(check_config)
     shared_bytes = staticmethod(shared_bytes)

@@ -2,23 +2,23 @@
 ResNeXt's grouped 3x3, wherever they do not fuse with a 1x1), on CUDA cores: a grouped conv has too
 little reduction per output (kh kw c / groups) for tensor cores, and is bound by memory.
 
-One thread per `lanes` consecutive output channels of a pixel (16-byte vectors of fp16 where k allows):
-its accumulators in registers, the taps unrolled, x and w read along the channels as vectors (the
-window's reuse across neighbouring pixels comes from L1), the padding by predicate, the
-scale/bias/[residual]/act epilogue stored as one vector. No parameters to tune.
+One thread per `channel_lanes` consecutive output channels of a pixel: its accumulators in registers,
+the taps unrolled, x and w read along the channels as vectors of 4 fp16 (8 bytes: float32 vectors are
+at most 4 wide, common.vectorize_float32; the window's reuse across neighbouring pixels comes from L1),
+the padding by predicate, the scale/bias/[residual]/act epilogue stored the same way. No parameters to tune.
 """
 from __future__ import annotations
 
 from tvm import s_tir
 
 from ..op.conv import ConvSpec, conv_prim_func
-from .common import conv_in_registers, vector_lanes, vectorize_float32
+from .common import ParameterlessRule, conv_in_registers, vector_lanes, vectorize_float32
 
 THREADS = 128
 
 
 def channel_lanes(spec: ConvSpec) -> int:
-    """Output channels per thread: 8 (16-byte vectors) for a depthwise conv, whose channels read distinct
+    """Output channels per thread: 8 (two 8-byte vectors) for a depthwise conv, whose channels read distinct
     inputs; 2 where a group has several input channels, all of a thread's outputs then reading the same
     ones (a long reduction per output: more threads hide its latency; ResNeXt-50's 7x7 layers at batch 1)."""
     return vector_lanes(spec.k, 8 if spec.c == spec.groups else 2)
@@ -38,23 +38,15 @@ def schedule_grouped_conv(func, spec: ConvSpec) -> s_tir.Schedule:
     return sch
 
 
-class GroupedConvRule:
+class GroupedConvRule(ParameterlessRule):
     """Grouped convs (groups > 1) in float16 or float32 on any CUDA GPU; no parameters."""
 
     name = "CUDA"
-    knobs: dict = {}
+    what = "the grouped conv's CUDA-core schedule"
 
     def can_implement(self, spec: ConvSpec, info) -> str | None:
         if spec.groups == 1:
             return "a dense conv (groups=1): the tensor-core rule's"
-        return None
-
-    def default_config(self, spec, info):
-        return None
-
-    def parse_config(self, config):
-        if config is not None:
-            raise ValueError("config: the grouped conv's CUDA-core schedule takes no parameters")
         return None
 
     def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):

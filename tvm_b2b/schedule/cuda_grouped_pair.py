@@ -3,7 +3,7 @@ with groups > 1): ONE kernel, the 3x3 on CUDA cores, the 1x1 on tensor cores.
 
 Each thread block owns `m_tile` output pixels and one chunk of `n2_tile` output channels:
   1. all its threads compute the grouped 3x3 for the block's pixels and every k1 channel, each thread
-     `channel_lanes` channels of one pixel at a time (16-byte loads of x and w1 along the channels;
+     `channel_lanes` channels of one pixel at a time (8-byte loads of x and w1 along the channels;
      a depthwise tap is 9 multiply-adds per channel, no GEMM), with s1/b1/act1, into `mid`, a shared
      fp16 tile (m_tile x k1, rows padded as the dense pair's);
   2. mid @ w2 for the chunk on tensor cores, its epilogue (s2/b2/residual/act2), exactly as the
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from ..op.compute import channel_lanes, fused_prim_func, padded_extents, unfused_prim_funcs
+from ..op.compute import channel_lanes, padded_extents
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .common import conv_in_registers, has_block, vectorize_float32
 from .cuda_wmma import (CONV2_K_FRAGS, DTYPE_BYTES, KNOBS, MIN_BLOCKS, MMA, WARP, TensorCoreRule, WmmaConfig,
-                        WmmaFusedSchedule, aligned_row, buildable_schedules, check_fields, marked, pixel_unit,
-                        stages_residual, unsupported_reason)
+                        WmmaFusedSchedule, aligned_row, check_fields, pixel_unit, stages_residual, unsupported_reason)
 
 
 class GroupedPairSchedule(WmmaFusedSchedule):
@@ -105,12 +104,6 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     return e * (mid + acc + operands + residual) + 5 * 128
 
 
-def workload(spec: FusedConvSpec):
-    import tvm
-
-    return tvm.IRModule({"main": fused_prim_func(spec, extents(spec))})
-
-
 FUSION_MAX_K1 = 32
 
 
@@ -133,14 +126,16 @@ def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
 
 
 class GroupedPairRule(TensorCoreRule):
-    """The grouped pair's CUDA rule: the dense pair's parameters and plan, this template's schedule,
-    extents and defaults."""
+    """The grouped pair's CUDA rule: the dense pair's parameters and plan (fused unless asked for two
+    kernels, or with the policy where fusing is expected slower, or where shared memory does not hold
+    mid), this template's schedule, extents, defaults and fusion policy."""
 
     knobs = {k: v for k, v in KNOBS.items() if k not in ("frags_n1", "frags_k")}
     schedule_class = GroupedPairSchedule
-    workload = staticmethod(workload)
     check_config = staticmethod(check_config)
     shared_bytes = staticmethod(shared_bytes)
+    extents = staticmethod(extents)
+    fusion_loss_reason = staticmethod(fusion_loss_reason)
 
     def can_implement(self, spec: FusedConvSpec, info) -> str | None:
         if spec.groups == 1:
@@ -149,32 +144,6 @@ class GroupedPairRule(TensorCoreRule):
 
     def default_config(self, spec: FusedConvSpec, info) -> WmmaConfig:
         return default_config(spec, info.arch)
-
-    def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False,
-             unfused: bool = True):
-        """Fused unless asked for two kernels, or with `policy` where fusing is expected slower
-        (fusion_loss_reason), or where shared memory does not hold mid: then the two-kernel form, or no
-        kernels with unfused=False (a model's frontend runs the convs as single convs)."""
-        from . import Plan
-
-        arch = info.arch
-        slower = fusion_loss_reason(spec) if fused and policy else None
-        cfg = check_config(spec, default_config(spec, arch) if config is None or slower else config, arch)
-        reason = slower or (None if fused else "the two-kernel form was asked for")
-        ext = extents(spec)
-        for _ in range(2):  # the chosen config, then the staged epilogue's fallback (buildable_schedules)
-            if not reason and shared_bytes(spec, cfg) > max_shared_bytes(arch):
-                reason = (f"too large for shared memory ({shared_bytes(spec, cfg) // 1024} KiB with {cfg.to_string()}, "
-                          f"sm_{arch} has {max_shared_bytes(arch) // 1024} KiB)")
-            if reason and not unfused:
-                return Plan([], False, cfg, reason)
-            funcs = [fused_prim_func(spec, ext)] if not reason else list(unfused_prim_funcs(spec, ext))
-            schedules, used = buildable_schedules(funcs, spec, cfg, info.target, self.schedule_class)
-            if used == cfg:
-                break
-            cfg = used
-        return Plan([marked(sch) for sch in schedules], not reason, cfg, reason or "",
-                    (ext["m"], ext["k1"]) if reason else None, schedules)
 
 
 RULE = GroupedPairRule()

@@ -579,7 +579,13 @@ class TensorCoreRule:
     name = "CUDA"
     knobs = KNOBS
     schedule_class = WmmaFusedSchedule  # what schedules a config (the tuner's design space too)
-    workload = staticmethod(workload)
+
+    def workload(self, spec):
+        """The pair's PrimFunc in this rule's padded form (`extents`), as an IRModule ("main"): what
+        MetaSchedule tunes and tuning records are keyed on (the dense pair's: module-level `workload`)."""
+        import tvm
+
+        return tvm.IRModule({"main": fused_prim_func(spec, self.extents(spec))})
 
     def can_implement(self, spec, info) -> str | None:
         if spec.groups > 1:
@@ -594,6 +600,8 @@ class TensorCoreRule:
 
     check_config = staticmethod(check_config)
     shared_bytes = staticmethod(shared_bytes)
+    extents = staticmethod(extents)
+    fusion_loss_reason = staticmethod(fusion_loss_reason)
 
     def fits(self, spec, cfg: WmmaConfig, arch: int) -> bool:
         """Whether cfg tiles the spec and its kernel fits the arch's shared memory (a tuning draw)."""
@@ -601,50 +609,52 @@ class TensorCoreRule:
             self.check_config(spec, cfg, arch)
         except ValueError:
             return False
-        return self.shared_bytes(spec, cfg) <= max_shared_bytes(arch)
+        return self._fits(spec, cfg, arch)
 
     def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False,
              unfused: bool = True):
-        """The op in padded GEMM form, scheduled for tensor cores, and the one decision whether it runs
-        fused: not when asked for two kernels, nor with `policy` where fusing measured slower (then with
-        the default config), nor where the fused kernel's shared memory (after any epilogue fallback)
-        exceeds the GPU's. unfused=False: where it does not fuse, the plan has no kernels (a model's
-        frontend runs such a pair's convs as single convs: the two-kernel form is not scheduled for nothing)."""
+        """The op in padded form (`extents`), scheduled by `schedule_class`, and the one decision whether
+        it runs fused: not when asked for two kernels, nor with `policy` where fusing measured slower
+        (`fusion_loss_reason`; then with the default config), nor where the fused kernel's shared memory
+        (after any epilogue fallback) exceeds the GPU's. unfused=False: where it does not fuse, the plan
+        has no kernels (a model's frontend runs such a pair's convs as single convs: the two-kernel form
+        is not scheduled for nothing). The rules of pairs share it, each with its own hooks."""
         from . import Plan
 
         arch = info.arch
-        slower = fusion_loss_reason(spec) if fused and policy else None  # its tuned config is the fused kernel's
+        slower = self.fusion_loss_reason(spec) if fused and policy else None  # its tuned config is the fused kernel's
         reason = slower or (None if fused else "the two-kernel form was asked for")
-        cfg = check_config(spec, default_config(spec, arch) if config is None or slower else config, arch)
-        if not reason and not fits_shared_memory(spec, cfg, arch):
-            reason = _too_large(spec, cfg, arch)
+        cfg = self.check_config(spec, self.default_config(spec, info) if config is None or slower else config, arch)
+        if not reason and not self._fits(spec, cfg, arch):
+            reason = self._too_large(spec, cfg, arch)
         if reason and not unfused:
             return Plan([], False, cfg, reason)
-        schedules, used = buildable_schedules(_funcs(spec, not reason), spec, cfg, info.target)
-        if not reason and used != cfg and not fits_shared_memory(spec, used, arch):
-            reason = _too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
+        schedules, used = buildable_schedules(self._funcs(spec, not reason), spec, cfg, info.target, self.schedule_class)
+        if not reason and used != cfg and not self._fits(spec, used, arch):
+            reason = self._too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
             if not unfused:
                 return Plan([], False, used, reason)
-            schedules, used = buildable_schedules(_funcs(spec, False), spec, used, info.target)
-        ext = extents(spec)
+            schedules, used = buildable_schedules(self._funcs(spec, False), spec, used, info.target, self.schedule_class)
+        ext = self.extents(spec)
         return Plan([marked(sch) for sch in schedules], not reason, used, reason or "",
                     (ext["m"], ext["k1"]) if reason else None, schedules)
 
+    def _funcs(self, spec: FusedConvSpec, fused: bool) -> list:
+        ext = self.extents(spec)
+        return [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
+
+    def _fits(self, spec, cfg: WmmaConfig, arch: int) -> bool:
+        return self.shared_bytes(spec, cfg) <= max_shared_bytes(arch)
+
+    def _too_large(self, spec, cfg: WmmaConfig, arch: int) -> str:
+        """The reason (logged) why a fused kernel with cfg does not fit the arch's shared memory."""
+        reason = (f"too large for shared memory ({self.shared_bytes(spec, cfg) // 1024} KiB with {cfg.to_string()}, "
+                  f"sm_{arch} has {max_shared_bytes(arch) // 1024} KiB)")
+        log.warning("not fused: %s: %s; running two kernels instead", spec.to_string(), reason)
+        return reason
+
 
 RULE = TensorCoreRule()
-
-
-def _funcs(spec: FusedConvSpec, fused: bool) -> list:
-    ext = extents(spec)
-    return [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
-
-
-def _too_large(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> str:
-    """The reason (logged) why a fused kernel with cfg does not fit the arch's shared memory."""
-    reason = (f"too large for shared memory ({shared_bytes(spec, cfg) // 1024} KiB with {cfg.to_string()}, "
-              f"sm_{arch} has {max_shared_bytes(arch) // 1024} KiB)")
-    log.warning("not fused: %s: %s; running two tensor-core kernels instead", spec.to_string(), reason)
-    return reason
 
 
 def fits_shared_memory(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:
