@@ -16,8 +16,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tvm_b2b.op import FusedConvSpec  # noqa: E402
-from tvm_b2b.schedule.cuda_wmma import workload  # noqa: E402
+from tvm_b2b.op.kind import parse_spec  # noqa: E402
+from tvm_b2b.schedule import kind_of, rule_for  # noqa: E402
 from tvm_b2b.target import local_cuda_arch, parse_target  # noqa: E402
 from tvm_b2b.tune import database  # noqa: E402
 from tvm_b2b.tune.space import config_of  # noqa: E402
@@ -61,7 +61,7 @@ def main() -> int:
     database.merge(args.db, merged)
     kept = database.prune(merged, tmp, args.top)
     source = database.TuningDatabase(merged)
-    specs = [FusedConvSpec.parse(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]
+    specs = [parse_spec(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]  # pairs and single convs
     target = parse_target(f"cuda:{arch}")
     # trials: those the shipped README counted, plus the records of the other (new) databases
     readme = os.path.join(out, "README.md")
@@ -69,7 +69,7 @@ def main() -> int:
     new = [database.TuningDatabase(db) for db in args.db if not (os.path.isdir(out) and os.path.samefile(db, out))]
     rows, shipped = [], []
     for spec in specs:
-        mod = workload(spec)
+        mod = rule_for(target, kind_of(spec), spec).workload(spec)
         best = database.best_record(source, mod, target)
         if best is not None:
             shipped.append(spec)

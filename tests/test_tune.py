@@ -26,6 +26,7 @@ from tvm_b2b.tune.tuner import build_candidate, commit_record
 
 SPEC = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=128, residual=True, dtype="float16")
 OTHER = FusedConvSpec(n=1, h=14, w=14, c=32, k1=64, k2=64, dtype="float16")
+SINGLE = ConvSpec(n=1, h=14, w=14, c=64, k=128, dtype="float16")
 
 
 def _draws(spec, target, count, seed=1):
@@ -94,9 +95,11 @@ def test_config_of_reads_back_the_config(config):
 
 
 def _record(db, spec, target, cfg, secs):
-    mod = cuda_wmma.workload(spec)
+    """A record of spec (any op kind) scheduled by its rule with cfg, `secs` its run time."""
+    rule = rule_for(target, kind_of(spec), spec)
+    mod = rule.workload(spec)
     sch = Schedule(mod)
-    cuda_wmma.WmmaFusedSchedule(sch, spec, cfg, 90).run()
+    rule.schedule_class(sch, getattr(rule, "kernel_spec", lambda s: s)(spec), cfg, 90).run()
     commit_record(db, mod, sch.trace, target, [secs])
 
 
@@ -136,7 +139,8 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     other = database.TuningDatabase(tmp_path / "other")
     _record(other, OTHER, target, SLOW, 5e-5)
     _record(other, SPEC, target, SLOW, 1e-5)  # now the fastest record of SPEC
-    database.record_specs(tmp_path / "other", [OTHER, SPEC])
+    _record(other, SINGLE, target, SLOW, 2e-5)  # a single conv's record ships too
+    database.record_specs(tmp_path / "other", [OTHER, SPEC, SINGLE])
     out = tmp_path / "shipped"
     out.mkdir()
     old_row = f"| `{SPEC.to_string()}` | 7 | 1.0 | `...` |"  # 7 trials measured before
@@ -147,6 +151,7 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     shipped = database.TuningDatabase(out)
     assert len(shipped.records_for(cuda_wmma.workload(SPEC))) == 2 and len(shipped.records_for(cuda_wmma.workload(OTHER))) == 1
     assert resolve_config(SPEC, target, True, None, out) == SLOW
+    assert resolve_config(SINGLE, target, True, None, out) == SLOW and SINGLE.to_string() in (out / "specs.txt").read_text()
     readme = (out / "README.md").read_text()
     assert OTHER.to_string() in (out / "specs.txt").read_text() and "NVIDIA H200 (sm_90)" in readme
     assert "## History\n- session 1: by hand" in readme and "old table" not in readme
