@@ -43,17 +43,33 @@ def _shipped_trials(readme: str) -> dict[str, int]:
     return {spec: int(trials) for spec, trials in rows}
 
 
+def _measured_on(args) -> tuple[str, str]:
+    """(GPU name, arch) of the records: as given, else what `tvm-b2b tune` noted in the databases (the
+    remote GPU's when it measured through an RPC tracker), else the local GPU's. Databases of
+    different GPUs are never merged."""
+    noted = {gpu for gpu in (database.measured_gpu(db) for db in args.db) if gpu}
+    if len(noted) > 1 and not (args.gpu and args.arch):
+        sys.exit("ship_schedules: the databases were measured on different GPUs: "
+                 + ", ".join(f"{name} ({arch})" for name, arch in sorted(noted)))
+    name, arch = next(iter(noted)) if noted else (None, None)
+    gpu, arch = args.gpu or name or database.local_gpu_name(), args.arch or arch or local_cuda_arch()
+    if not gpu or not arch:
+        sys.exit("ship_schedules: no GPU noted in the databases and none here: name it (--gpu NAME --arch sm_XX)")
+    return gpu, arch
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db", nargs="+", help="tuning databases (tvm-b2b tune --db)")
     parser.add_argument("--top", type=int, default=3, help="records kept per workload")
     parser.add_argument("--out", help="destination (default schedules/<gpu>-<arch>)")
-    parser.add_argument("--gpu", help="the GPU's name as CUDA reports it (default: the local GPU's)")
-    parser.add_argument("--arch", help="its arch, sm_XX (default: the local GPU's)")
+    parser.add_argument("--gpu", help="the GPU's name as CUDA reports it (default: the one the databases were measured "
+                        "on, else the local GPU's)")
+    parser.add_argument("--arch", help="its arch, sm_XX (default: as for --gpu)")
     args = parser.parse_args()
     import tvm
 
-    arch, gpu = args.arch or local_cuda_arch(), args.gpu or database.local_gpu_name()
+    gpu, arch = _measured_on(args)
     out = args.out or os.path.join(database.schedules_root(), database.database_name(gpu, arch))
     tmp, merged = out + ".tmp", out + ".merged"
     for path in (tmp, merged):

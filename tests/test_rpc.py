@@ -1,6 +1,7 @@
 """Tuning through TVM's RPC tracker (tune --rpc): a real tracker and two real RPC servers on 127.0.0.1
 (TVM's own `python -m tvm.exec.rpc_tracker` / `rpc_server`), no mocks. On a machine without a GPU the
 servers lend no CUDA device: `tune --rpc` reaches them and stops in one line before any work."""
+import contextlib
 import os
 import signal
 import socket
@@ -45,23 +46,37 @@ def _wait_for_servers(port: int, key: str, count: int) -> None:
     raise TimeoutError(f"{count} RPC server(s) under {key!r} did not register within {STARTUP_S} s")
 
 
-@pytest.fixture(scope="module")
-def tracker():
-    """(port, key, server processes): a tracker and two servers under the key."""
+@contextlib.contextmanager
+def tracker_with_servers(count: int = 2):
+    """(port, key, processes: the tracker's, then each server's): a real tracker and `count` servers
+    under the key on 127.0.0.1, all killed (with the workers they fork) on exit."""
     port, key = _free_port(), "b2b-test"
     procs = [_start("tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1))]
     try:
         _wait_for_port(port)
-        for _ in range(2):
+        for _ in range(count):
             server = _free_port()
             procs.append(_start("tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
                                 "--port", str(server), "--port-end", str(server + 1)))
-        _wait_for_servers(port, key, 2)
+        _wait_for_servers(port, key, count)
         yield port, key, procs
     finally:
         for proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)  # with the workers TVM's tracker and servers fork
-            proc.wait()
+            _kill(proc)
+
+
+def _kill(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the process group: with the workers it forked
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    with tracker_with_servers(2) as started:
+        yield started
 
 
 def _start(module: str, *args: str):
@@ -99,3 +114,82 @@ def test_tune_rpc_errors_name_what_is_wrong(tracker, tmp_path, capsys):
     assert "expected HOST:PORT" in _tune_error(["--rpc", "nowhere", "--rpc-key", key, *db], capsys)
     assert "--rpc-key KEY" in _tune_error(["--rpc", f"127.0.0.1:{port}", *db], capsys)
     assert "only with --rpc" in _tune_error(["--rpc-key", key, *db], capsys)
+
+
+def test_a_server_lost_mid_run_costs_no_trials_and_no_records(tracker, tmp_path):
+    """Tuning through the tracker (the API under `tune --rpc`, past the CLI's up-front GPU check): one
+    of the two servers is killed once the first trial is done, mid-run. The servers here lend no
+    CUDA device, so every trial fails for the environment: none counts toward the trials, the
+    database keeps no record of them and reopens intact, and the cause is one clear line. (Kept last:
+    it kills a server of the module's tracker.)"""
+    from tvm_b2b.op.kind import parse_spec
+    from tvm_b2b.target import cuda_target
+    from tvm_b2b.tune.database import TuningDatabase
+    from tvm_b2b.tune.remote import RemoteGpu
+    from tvm_b2b.target import has_cuda_gpu
+    from tvm_b2b.tune.tuner import tune_spec
+
+    if has_cuda_gpu():
+        pytest.skip("the servers on this machine lend its GPU: trials succeed there (the GPU test kills a server)")
+    port, key, procs = tracker
+    lines = []
+
+    def out(line, **_):
+        lines.append(line)
+        if len(lines) == 1:
+            _kill(procs[1])
+
+    db = TuningDatabase(tmp_path / "db", lock=True)
+    result = tune_spec(parse_spec(SPEC), cuda_target("sm_90"), db, trials=4, work_dir=str(tmp_path / "logs"), out=out,
+                       remote=RemoteGpu("127.0.0.1", port, key, "a GPU", "sm_90"), remote_workers=2)
+    assert procs[1].poll() is not None, "the server was not killed mid-run"
+    assert result["trials"] == 0 and result["best_us"] is None, result
+    assert result["environment_failures"] >= 2, result  # the default config's trial and the search's
+    assert result["environment_error"].startswith("environment: "), result
+    assert "\n" not in result["environment_error"]
+    assert "failed for the environment, not counted" in lines[0]
+    reopened = TuningDatabase(tmp_path / "db")  # both files parse: nothing torn
+    assert len(reopened) == 0
+
+
+@pytest.mark.gpu
+def test_tune_through_a_tracker_on_this_gpu(tmp_path):
+    """`tvm-b2b tune --rpc` through a real tracker and two servers lending this machine's GPU, 8 trials
+    measured two at a time; one server is killed once the first record is in. The run goes on on the
+    other server: all 8 trials count, the database reopens intact and notes the GPU it measured on,
+    and its best record, built and run here, matches numpy and takes the time measured through RPC
+    (within noise)."""
+    from tvm_b2b import build
+    from tvm_b2b.op import compare, random_inputs, reference
+    from tvm_b2b.op.kind import parse_spec
+    from tvm_b2b.target import parse_target
+    from tvm_b2b.tune import database
+    from tvm_b2b.schedule import kind_of, rule_for
+
+    db, spec, target = tmp_path / "db", parse_spec(SPEC), parse_target("cuda")
+    with tracker_with_servers(2) as (port, key, procs):
+        tuner = subprocess.Popen([sys.executable, "-m", "tvm_b2b", "tune", "--spec", SPEC, "--rpc", f"127.0.0.1:{port}",
+                                  "--rpc-key", key, "--rpc-workers", "2", "--trials", "8", "--db", str(db)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        records = db / database.RECORDS
+        deadline = time.time() + 300
+        while time.time() < deadline and not (records.exists() and records.read_bytes().count(b"\n") >= 1):
+            assert tuner.poll() is None, tuner.communicate()[1][-2000:]
+            time.sleep(0.2)
+        _kill(procs[2])  # mid-run: the default's record is in, the search has not finished
+        try:
+            out, err = tuner.communicate(timeout=600)
+        finally:
+            _kill(tuner)
+    assert tuner.returncode == 0, err[-2000:]
+    assert "through the RPC tracker" in out and "8 trials (8 new)" in out, out
+    assert database.measured_gpu(db) == (database.local_gpu_name(), str(target.attrs["arch"]))
+    workload = rule_for(target, kind_of(spec), spec).workload(spec)
+    best = database.best_record(database.TuningDatabase(db), workload, target)
+    assert len(database.TuningDatabase(db).records_for(workload)) == 8
+    kernel = build(spec, target, db=db)
+    inputs = random_inputs(spec, seed=5)
+    error, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
+    assert ok, f"the best record through RPC, run here: max abs error {error}"
+    remote_us, local_us = database.mean_us(best.run_secs), kernel.time_us(inputs, number=50, repeat=5)
+    assert 0.6 < local_us / remote_us < 1.6, (local_us, remote_us)  # the same GPU: the same time, within noise

@@ -18,6 +18,7 @@ from tvm.s_tir import Schedule
 from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b import ConvSpec, FusedConvSpec, build
 from tvm_b2b.codegen import compile_module
+from tvm_b2b.op.kind import parse_spec
 from tvm_b2b.tune.database import resolve_config
 from tvm_b2b.schedule import cuda_wmma, kind_of, plan, rule_for
 from tvm_b2b.target import has_cuda_gpu, parse_target, target_info
@@ -159,6 +160,28 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     assert f"| `{SPEC.to_string()}` | 10 |" in readme and f"| `{OTHER.to_string()}` | 1 |" in readme, readme
 
 
+def test_a_database_ships_to_the_gpu_it_was_measured_on(tuned_dir, tmp_path):
+    """tune notes the GPU it measures on (the remote one with --rpc) in the database; ship_schedules
+    names the shipped directory after it without --gpu/--arch, refuses databases of two GPUs, and a
+    database never takes another GPU's records."""
+    database.record_specs(tuned_dir, [SPEC])
+    database.note_gpu(tuned_dir, "NVIDIA H200", "sm_90")
+    database.note_gpu(tuned_dir, "NVIDIA H200", "sm_90")  # the same GPU again: fine
+    with pytest.raises(ValueError, match=r"holds records measured on NVIDIA H200 \(sm_90\), not NVIDIA A100"):
+        database.note_gpu(tuned_dir, "NVIDIA A100", "sm_80")
+    root = tmp_path / "schedules"
+    env = {**os.environ, "TVM_B2B_SCHEDULES": str(root)}
+    ship = [sys.executable, "bench/ship_schedules.py", str(tuned_dir)]
+    run = subprocess.run(ship, capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-1500:]
+    assert len(database.TuningDatabase(root / "nvidia-h200-sm_90").records_for(cuda_wmma.workload(SPEC))) == 2
+    other = tmp_path / "other"
+    database.TuningDatabase(other)
+    database.note_gpu(other, "NVIDIA A100", "sm_80")
+    run = subprocess.run([*ship, str(other)], capture_output=True, text=True, env=env)
+    assert run.returncode == 1 and "measured on different GPUs: NVIDIA A100 (sm_80), NVIDIA H200 (sm_90)" in run.stderr
+
+
 def test_records_apply_only_to_their_workload_and_arch(tuned_dir):
     assert resolve_config(OTHER, parse_target("cuda:sm_90"), True, None, tuned_dir) is None
     assert resolve_config(SPEC, parse_target("cuda:sm_80"), True, None, tuned_dir) is None
@@ -239,12 +262,14 @@ def test_default_config_is_the_first_record(spec, fallback, tmp_path):
     include it), as build would run it (with the staged epilogue where TVM cannot lower the register
     one). Real builder and runner: on a machine without a GPU the run fails, and the record says so
     (MetaSchedule's failed-run time) instead of being dropped."""
-    from tvm_b2b.tune.tuner import FAILED_RUN_SECS, measure_default
+    from tvm_b2b.tune.tuner import FAILED_RUN_SECS, Progress, measure_default
 
     target = parse_target("cuda:sm_90")
     db = database.TuningDatabase(tmp_path / "db")
     builder = ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300, initializer=cuda_wmma.register_ldmatrix_index_map)
-    batch = measure_default(spec, target, db, builder, ms.runner.LocalRunner(timeout_sec=60))
+    progress = Progress("default", 4, 0, None, started=time.perf_counter())
+    progress.out = lambda *a, **k: None
+    measure_default(spec, target, db, builder, ms.runner.LocalRunner(timeout_sec=60), progress)
     (record,) = database.TuningDatabase(tmp_path / "db").records_for(cuda_wmma.workload(spec))
     default = cuda_wmma.default_config(spec, 90)
     if fallback:
@@ -252,7 +277,9 @@ def test_default_config_is_the_first_record(spec, fallback, tmp_path):
         default = dataclasses.replace(default, epilogue=0)
     assert space.config_of(record.trace) == default
     failed = [float(secs) for secs in record.run_secs] == [FAILED_RUN_SECS]
-    assert batch == ([None] if failed else [database.mean_us(record.run_secs)])
+    assert progress.done == 1 and progress.environment == 0  # a local run's failure is the candidate's: counted
+    assert progress.best_us == (None if failed else database.mean_us(record.run_secs))
+    assert bool(progress.first_error) == failed
 
 
 def test_missing_db_dir_is_an_error(tmp_path):
@@ -338,14 +365,15 @@ def test_shipped_database_records_are_correct():
     directory = database.find_database(target)
     if directory is None:
         pytest.skip(f"no shipped database for this GPU ({database.local_gpu_name()})")
-    specs = [FusedConvSpec.parse(line) for line in (directory / "specs.txt").read_text().split()]
+    specs = [parse_spec(line) for line in (directory / "specs.txt").read_text().split()]
     checked = 0
     for spec in specs:
         if resolve_config(spec, target, True, None, directory) is None:
             continue
         inputs = random_inputs(spec, seed=13)
         kernel = build(spec, target, db=directory)
-        assert kernel.fused, f"{spec.to_string()}: the tuned record of the fused kernel built two kernels"
+        if isinstance(spec, FusedConvSpec):
+            assert kernel.fused, f"{spec.to_string()}: the tuned record of the fused kernel built two kernels"
         err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
         assert ok, f"{spec.to_string()} tuned: max abs error {err}"
         checked += 1

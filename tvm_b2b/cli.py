@@ -101,12 +101,8 @@ def _remote_gpu(args):
 
 
 def _tune(args) -> int:
-    from .frontend.model import analyze
-    from .frontend.rewrite import pairs_of
-    from .op.kind import parse_spec
-    from .op.spec import OP_KIND as PAIR
     from .target import NO_GPU, cuda_target, has_cuda_gpu, parse_target, target_info
-    from .tune.database import TuningDatabase, record_specs
+    from .tune.database import TuningDatabase, local_gpu_name, note_gpu, record_specs
     from .tune.remote import check_target
     from .tune.tuner import tune_spec
 
@@ -122,15 +118,9 @@ def _tune(args) -> int:
     elif not has_cuda_gpu():
         raise UserError(f"{NO_GPU} to measure on (tuning times every candidate on the target GPU); "
                         "run tvm-b2b tune on a machine with that GPU, or measure through an RPC tracker (--rpc)")
+    specs = _specs_to_tune(args, target)
     database = TuningDatabase(args.db, lock=True)  # one tuner per database: a second one stops here
-    if args.model:
-        _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
-        pairs = list(dict.fromkeys(p.spec for p in pairs_of(candidates) if p.fused))
-        convs = list(dict.fromkeys(c.spec for c in candidates if c.kind != PAIR and c.plan is not None))
-        specs = pairs + convs
-        print(f"{args.model}: {len(pairs)} distinct fused pair(s) and {len(convs)} distinct single conv(s) to tune")
-    else:
-        specs = [parse_spec(s) for s in args.spec]
+    note_gpu(args.db, remote.name if remote else local_gpu_name(), f"sm_{target_info(target).arch}")
     record_specs(args.db, specs)
     deadline = time.time() + 60 * args.minutes if args.minutes else None
     results = []
@@ -148,10 +138,51 @@ def _tune(args) -> int:
         best = f"{r['best_us']:.1f} us with {r['config']}" if r["best_us"] else "no valid record"
         print(f"{r['spec']}: {r['trials']} trials ({r['trials'] - r['trials_before']} new), best {best}")
     print(f"database: {args.db}")
+    return _tune_status(results, args.trials)
+
+
+def _specs_to_tune(args, target) -> list:
+    """The specs of --spec, or every distinct fused pair and single conv of --model that runs on a
+    rule with parameters (a CUDA-core conv has none); a --spec of such a rule is a one-line error."""
+    from .frontend.model import analyze
+    from .frontend.rewrite import pairs_of
+    from .op.kind import parse_spec
+    from .op.spec import OP_KIND as PAIR
+    from .schedule import kind_of, rule_for
+
+    def tunable(spec) -> bool:
+        return bool(rule_for(target, kind_of(spec), spec).knobs)
+
+    if not args.model:
+        specs = [parse_spec(s) for s in args.spec]
+        for spec in specs:
+            if not tunable(spec):
+                raise UserError(f"--spec: {spec.to_string()}: its schedule on this target has no parameters to tune")
+        return specs
+    _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
+    pairs = list(dict.fromkeys(p.spec for p in pairs_of(candidates) if p.fused and tunable(p.spec)))
+    convs = list(dict.fromkeys(c.spec for c in candidates if c.kind != PAIR and c.plan is not None and tunable(c.spec)))
+    print(f"{args.model}: {len(pairs)} distinct fused pair(s) and {len(convs)} distinct single conv(s) to tune")
+    return pairs + convs
+
+
+def _tune_status(results: list[dict], trials: int) -> int:
+    """0, or 1 with the cause in one line on stderr: a spec without a valid record (its first
+    failure), or trials left unmeasured because the environment failed (a lost RPC server, a timeout)."""
     failed = [r for r in results if not r["best_us"]]
+    short = [r for r in results if r["environment_failures"] and r["trials"] < trials]
+    for r in results:
+        if r["environment_failures"]:
+            print(f"{r['spec']}: {r['environment_failures']} trial(s) failed for the environment and were not counted "
+                  f"({r['environment_error']})", file=sys.stderr)
     if failed:  # every trial of a spec failed: the cause, not only "no valid record"
-        cause = next((r["first_error"] for r in failed if r["first_error"]), "no trial was measured")
+        cause = next((r["first_error"] or r["environment_error"] for r in failed if r["first_error"] or r["environment_error"]),
+                     "no trial was measured")
         print(f"tvm-b2b tune: {len(failed)} spec(s) without a valid record; first failure: {cause}", file=sys.stderr)
+        return 1
+    if short:
+        print(f"tvm-b2b tune: {len(short)} spec(s) short of {trials} trials because the environment failed; "
+              "run the same command again to measure the rest", file=sys.stderr)
         return 1
     return 0
 

@@ -294,6 +294,29 @@ def record_specs(directory, specs) -> None:
     os.replace(tmp, path)
 
 
+GPU_FILE = "gpu.json"  # the GPU a database's records were measured on: {"name": "NVIDIA H200", "arch": "sm_90"}
+
+
+def measured_gpu(directory) -> tuple[str, str] | None:
+    """(name, arch) of the GPU that the database at DIR was measured on, or None (not yet recorded)."""
+    path = Path(directory) / GPU_FILE
+    if not path.exists():
+        return None
+    gpu = json.loads(path.read_text())
+    return gpu["name"], gpu["arch"]
+
+
+def note_gpu(directory, name: str, arch: str) -> None:
+    """Records the GPU that tuning into DIR measures on (the remote one with --rpc), which is where
+    its records ship (schedules/<gpu>-<arch>); ValueError in one line when DIR holds another GPU's."""
+    known = measured_gpu(directory)
+    if known and known != (name, arch):
+        raise ValueError(f"db: {directory} holds records measured on {known[0]} ({known[1]}), not {name} ({arch}); "
+                         "tune into another --db")
+    if not known:
+        _replace_bytes(Path(directory) / GPU_FILE, json.dumps({"name": name, "arch": arch}).encode() + b"\n")
+
+
 def merge(sources, destination) -> None:
     """Every record of the `sources` databases appended to the one at `destination`."""
     dst = TuningDatabase(destination, lock=True)

@@ -17,6 +17,7 @@ from .database import TuningDatabase, best_record, mean_us
 from .space import config_of, design_space
 
 FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed measurement (its kMaxMeanTime)
+ENVIRONMENT = "environment: "  # starts a runner error that says nothing of the candidate (no server, no device)
 
 
 def build_candidate(mod, target, _params=None):
@@ -56,13 +57,33 @@ class CheckedRun:
         tensors, out = device_arguments(self.spec, self._data()[0], device)
         return [[*tensors.values(), out]] * alloc_repeat
 
+    # RPCRunner's steps. Whatever fails before the candidate runs (no session, a module the server
+    # cannot load, inputs that do not reach it), and a run that fails because the server is gone, is
+    # the environment's failure: it is not a verdict on the candidate, which stays unmeasured.
+    def create_session(self, rpc_config):
+        from tvm.s_tir.meta_schedule.runner.rpc_runner import default_create_session
+
+        return _blame_environment("no RPC session", default_create_session, rpc_config)
+
+    def upload_module(self, session, local_path, remote_path):
+        from tvm.s_tir.meta_schedule.runner.rpc_runner import default_upload_module
+
+        return _blame_environment("the RPC server could not load the built module", default_upload_module,
+                                  session, local_path, remote_path)
+
     def alloc_remote(self, _session, device, args_info, alloc_repeat: int):
         """alloc for RPCRunner: the same inputs, copied to the remote device."""
-        return self.alloc(device, args_info, alloc_repeat)
+        return _blame_environment("the inputs did not reach the RPC server", self.alloc, device, args_info, alloc_repeat)
 
-    def evaluate_remote(self, _session, rt_mod, device, evaluator_config, repeated_args):
-        """evaluate for RPCRunner: checked on the remote device, read back through the session."""
-        return self.evaluate(rt_mod, device, evaluator_config, repeated_args)
+    def evaluate_remote(self, session, rt_mod, device, evaluator_config, repeated_args):
+        """evaluate for RPCRunner: checked on the remote device, read back through the session. A
+        failure with the server no longer answering is the environment's, else the candidate's."""
+        try:
+            return self.evaluate(rt_mod, device, evaluator_config, repeated_args)
+        except Exception as err:
+            if _answers(session):
+                raise
+            raise RuntimeError(f"{ENVIRONMENT}lost the RPC server while measuring ({_cause(str(err))})") from None
 
     def evaluate(self, rt_mod, device, evaluator_config, repeated_args):
         from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
@@ -84,6 +105,34 @@ class CheckedRun:
         return run_evaluator_common(rt_mod, device, evaluator_config, repeated_args)
 
 
+def _blame_environment(what: str, step, *args):
+    try:
+        return step(*args)
+    except Exception as err:
+        raise RuntimeError(f"{ENVIRONMENT}{what} ({_cause(str(err))})") from None
+
+
+def _answers(session) -> bool:
+    """Whether an RPC session's server still answers (a remote call round trip)."""
+    try:
+        return bool(session.cpu(0).exist)
+    except Exception:  # noqa: BLE001 -- any failure of the round trip: the server is gone
+        return False
+
+
+def environment_failure(error_msg: str | None) -> bool:
+    """A runner error that is no verdict on the candidate: an RPC step failed (above), or the RPC
+    session timed out (a server that stopped answering; a local run's timeout is the candidate's)."""
+    return bool(error_msg) and (ENVIRONMENT in error_msg or error_msg.startswith("RPCRunner: Timeout"))
+
+
+def environment_cause(error_msg: str) -> str:
+    """An environment failure's cause, one line starting with "environment: "."""
+    if ENVIRONMENT not in error_msg:
+        return f"{ENVIRONMENT}no answer from the RPC server in time ({_cause(error_msg)})"
+    return error_msg[error_msg.index(ENVIRONMENT):].splitlines()[0][:300]
+
+
 @dataclass
 class Progress:
     """Prints one line per measured batch: a bar, trials, best time so far, time left."""
@@ -96,21 +145,27 @@ class Progress:
     measured: int = 0
     wrong: int = 0  # candidates whose output did not match the reference (rejected)
     first_error: str = ""  # the first failed candidate's cause, one line
+    environment: int = 0  # trials that failed for the environment (not counted: measured again later)
+    environment_error: str = ""  # the first of those causes, one line
     out = print
 
-    def update(self, batch_us: list[float | None]):
-        self.measured += len(batch_us)
+    def update(self, batch_us: list[float | None], environment: int = 0):
+        """batch_us: the counted trials' times (None: failed); environment: trials not counted."""
+        self.measured += len(batch_us) + environment
         self.done += len(batch_us)
+        self.environment += environment
         valid = [us for us in batch_us if us is not None]
         if valid:
             self.best_us = min(valid + ([self.best_us] if self.best_us else []))
         elapsed = time.perf_counter() - self.started
-        left = elapsed / self.measured * max(self.total - self.done, 0)
+        left = elapsed / max(self.measured, 1) * max(self.total - self.done, 0)
         filled = int(20 * min(self.done, self.total) / self.total)
         best = f"{self.best_us:.1f} us" if self.best_us else "none valid yet"
         self.out(f"{self.label} [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total} trials, "
                  f"best {best}, {elapsed:.0f} s elapsed, ~{left:.0f} s left"
-                 + (f" ({self.wrong} wrong-result candidates rejected)" if self.wrong else ""), flush=True)
+                 + (f" ({self.wrong} wrong-result candidates rejected)" if self.wrong else "")
+                 + (f" ({self.environment} failed for the environment, not counted: {self.environment_error})"
+                    if self.environment else ""), flush=True)
 
 
 @derived_object
@@ -120,14 +175,45 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         self.progress = progress
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-        batch = []
-        self.progress.wrong += sum("wrong result" in (r.error_msg or "") for r in runner_results)
-        for result in [*builder_results, *runner_results]:
-            if result.error_msg and not self.progress.first_error:
-                self.progress.first_error = _cause(result.error_msg)
-        for result in runner_results:
-            batch.append(mean_us(result.run_secs) if result.run_secs and not result.error_msg else None)
-        self.progress.update(batch)
+        progress, batch, environment = self.progress, [], 0
+        progress.wrong += sum("wrong result" in (r.error_msg or "") for r in runner_results)
+        for built, result in zip(builder_results, runner_results):
+            error = built.error_msg or result.error_msg
+            if environment_failure(result.error_msg):
+                environment += 1
+                progress.environment_error = progress.environment_error or environment_cause(result.error_msg)
+                continue
+            if error and not progress.first_error:
+                progress.first_error = _cause(error)
+            batch.append(mean_us(result.run_secs) if result.run_secs and not error else None)
+        progress.update(batch, environment)
+
+
+@derived_object
+class RecordMeasured(ms.measure_callback.PyMeasureCallback):
+    """MetaSchedule's AddToDatabase, less the trials that failed for the environment: those say
+    nothing of their candidate, so they neither count toward the trials nor keep the search from
+    drawing the candidate again."""
+
+    def __init__(self, database):
+        super().__init__()
+        self.database = database
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        context = task_scheduler.tasks_[task_id].ctx
+        workload = self.database.commit_workload(context.mod)
+        for candidate, result in zip(measure_candidates, runner_results):
+            if environment_failure(result.error_msg):
+                continue
+            run_secs = result.run_secs if result.run_secs else [FAILED_RUN_SECS]
+            self.database.commit_tuning_record(ms.database.TuningRecord(
+                candidate.sch.trace, workload, run_secs, context.target, candidate.args_info))
+
+
+def measure_callbacks(database, progress: Progress) -> list:
+    """MetaSchedule's default callbacks with RecordMeasured in AddToDatabase's place, and the progress line."""
+    return [RecordMeasured(database), ms.measure_callback.RemoveBuildArtifact(), ms.measure_callback.UpdateCostModel(),
+            ProgressCallback(progress)]
 
 
 def make_runner(checked: CheckedRun, remote=None, workers: int = 1):
@@ -140,7 +226,8 @@ def make_runner(checked: CheckedRun, remote=None, workers: int = 1):
                                      evaluator_config=evaluator)
     config = ms.runner.RPCConfig(tracker_host=remote.host, tracker_port=remote.port, tracker_key=remote.key,
                                  session_priority=1, session_timeout_sec=120)
-    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, f_alloc_argument=checked.alloc_remote,
+    return ms.runner.RPCRunner(rpc_config=config, evaluator_config=evaluator, f_create_session=checked.create_session,
+                               f_upload_module=checked.upload_module, f_alloc_argument=checked.alloc_remote,
                                f_run_evaluator=checked.evaluate_remote, max_workers=workers)
 
 
@@ -167,9 +254,7 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     builder = ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=300, initializer=cuda_wmma.register_ldmatrix_index_map)
     runner = make_runner(checked, remote, remote_workers)
     if before == 0 and trials > 0:
-        batch = measure_default(spec, target, database, builder, runner)
-        if batch:
-            progress.update(batch)
+        measure_default(spec, target, database, builder, runner, progress)
     while progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
@@ -177,7 +262,7 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
             space=design_space(spec, rule, target_info(target)), database=database, cost_model=cost_model,
             strategy=ms.search_strategy.EvolutionarySearch(population_size=96, init_measured_ratio=0.1, genetic_num_iters=2),
             builder=builder, runner=runner,
-            measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), ProgressCallback(progress)],
+            measure_callbacks=measure_callbacks(database, progress),
             task_scheduler="round-robin",
         )
         progress.done = len(database.records_for(mod))
@@ -188,7 +273,8 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     return {
         "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
         "best_us": mean_us(best.run_secs) if valid else None, "config": config_of(best.trace).to_string() if valid else None,
-        "first_error": progress.first_error,
+        "first_error": progress.first_error, "environment_failures": progress.environment,
+        "environment_error": progress.environment_error,
     }
 
 
@@ -199,28 +285,34 @@ def _cause(error_msg: str) -> str:
     return lines[-1][:300] if lines else "unknown error"
 
 
-def measure_default(spec, target, database: TuningDatabase, builder, runner) -> list[float | None]:
+def measure_default(spec, target, database: TuningDatabase, builder, runner, progress: Progress) -> None:
     """Measures the default config as a workload's first record: the search's random draws need not
-    include it, and a tuned record must never be slower than the default that it replaces. Returns
-    the batch for Progress: [us], [None] if it failed, [] if the default is not a fused kernel here."""
+    include it, and a tuned record must never be slower than the default that it replaces. Nothing
+    when the default is not a fused kernel here; no record when it failed for the environment."""
     import shutil
 
     rule = rule_for(target, kind_of(spec), spec)
     planned = rule.plan(spec, target_info(target))  # what build runs by default
     if not planned.fused:
-        return []  # not a fused kernel on this GPU: nothing to compare with
+        return  # not a fused kernel on this GPU: nothing to compare with
     mod = rule.workload(spec)
     (sch,) = planned.schedules
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
-    measured = None
+    measured, error = None, built.error_msg
     if built.error_msg is None:
         args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
         (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda", args_info)])
         result = future.result()
-        measured = None if result.error_msg else [float(secs) for secs in result.run_secs]
         shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
+        if environment_failure(result.error_msg):
+            progress.environment_error = progress.environment_error or environment_cause(result.error_msg)
+            progress.update([], environment=1)
+            return
+        measured, error = (None, result.error_msg) if result.error_msg else ([float(s) for s in result.run_secs], None)
+    if error and not progress.first_error:
+        progress.first_error = _cause(error)
     commit_record(database, mod, sch.trace, target, measured or [FAILED_RUN_SECS])
-    return [mean_us(measured) if measured else None]
+    progress.update([mean_us(measured) if measured else None])
 
 
 def commit_record(database: TuningDatabase, mod, trace, target, run_secs: list[float]) -> None:
