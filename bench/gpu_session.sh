@@ -6,6 +6,10 @@
 #   bash bench/gpu_session.sh bench          ship .tune/db's best records (merged with schedules/), benchmarks (default vs tuned), model bench
 #   [CASES=...] bash bench/gpu_session.sh tunebench MIN N   tune, ship and benchmark in one call
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
+#   [TRIALS=16] bash bench/gpu_session.sh tunemodels MIN NAME:BATCH...   export the torchvision models, tune every distinct
+#                                            pair and single conv of each into .tune/db (resumes), MIN minutes in all
+#   bash bench/gpu_session.sh shipe2e NAME:BATCH,... [COMPILE]   ship .tune/db with schedules/ into .tune/schedules (copied
+#                                            to $OUT), then bench_e2e on those records (torch.compile mode COMPILE, default none)
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
 #   bash bench/gpu_session.sh alltests       every GPU test, 8 processes (carry .devcarry/xdist: pip download pytest-xdist execnet)
 #   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
@@ -93,6 +97,25 @@ case "$1" in
         python3 bench/profile_kernel.py --case "$N32" $flag --source "$out/kernel_${cfg//[=,]/_}.cu" > "$out/ncu_${cfg//[=,]/_}.txt" 2>&1
       echo "== $cfg"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Shared Memory Config|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|^ *(OPT|WRN)" "$out/ncu_${cfg//[=,]/_}.txt" | head -40
     done
+    ;;
+  tunemodels)  # the models one after another until MIN minutes are spent (a rerun continues where it stopped)
+    minutes="$2"; shift 2; end=$(( $(date +%s) + minutes * 60 )); mkdir -p .tune/models
+    nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+    for model in "$@"; do
+      name="${model%%:*}" batch="${model##*:}"
+      left=$(( (end - $(date +%s)) / 60 )); [ "$left" -ge 1 ] || { echo "time spent: $model not tuned"; continue; }
+      path=$(python3 -c "import sys; sys.path.insert(0, 'onnx_models'); from torchvision_models import export; print(export('$name', $batch, 224, '.tune/models'))")
+      timeout $(( left * 60 + 120 )) python3 -m tvm_b2b tune --model "$path" --target cuda --trials "${TRIALS:-16}" --db .tune/db \
+        --minutes "$left" 2>&1 | quiet | tee -a "$out/tune_models.log" | grep -E "^n=|distinct|time budget|short|without"
+    done
+    mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
+    ;;
+  shipe2e)
+    rm -rf .tune/schedules && mkdir -p .tune/schedules && cp -r schedules/nvidia-h200-sm_90 .tune/schedules/
+    TVM_B2B_SCHEDULES=.tune/schedules python3 bench/ship_schedules.py .tune/schedules/nvidia-h200-sm_90 .tune/db \
+      && cp -r .tune/schedules/nvidia-h200-sm_90 "$out/shipped"
+    TVM_B2B_SCHEDULES=$PWD/.tune/schedules timeout 560 python3 bench/bench_e2e.py --models "$2" --torch-compile "${3:-none}" \
+      --breakdown --out "$out/e2e_h200" 2>&1 | grep -v "^\s*$" | tail -60
     ;;
   model)
     timeout 130 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -8

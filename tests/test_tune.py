@@ -513,3 +513,21 @@ def test_old_records_are_not_misread_and_migrate(tmp_path, caplog):
     assert migrate_records.migrate(tmp_path / "old") == 1
     (record,) = database.TuningDatabase(tmp_path / "old").records_for(mod)
     assert cuda_wmma.config_of(record.trace) == FAST and [float(s) for s in record.run_secs] == [3e-5]
+
+
+def test_tune_refuses_what_it_cannot_search():
+    """A spec whose default tuning cannot replace: a CUDA-core conv (no parameters) and a single conv
+    that splits its reduction by default (a tuned config runs whole; the split is not searched), each a
+    one-line reason; a batch-32 conv (one kernel by default) is tuned."""
+    import argparse
+
+    from tvm_b2b.cli import UserError, _specs_to_tune
+
+    target = parse_target("cuda:sm_90")
+    whole = "n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"
+    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=[whole]), target)] == \
+        [parse_spec(whole).to_string()]
+    for spec, reason in [("n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "splits its reduction"),
+                         ("n=1,h=28,w=28,c=32,k=32,kh=3,kw=3,pad_h=1,pad_w=1,groups=32", "no parameters to tune")]:
+        with pytest.raises(UserError, match=reason):
+            _specs_to_tune(argparse.Namespace(model=None, spec=[spec]), target)
