@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -25,9 +26,10 @@ def _free_port() -> int:
 STARTUP_S = 180  # TVM's import in three new processes at once takes a while on 2 cores
 
 
-def _wait_for_port(port: int) -> None:
+def _wait_for_port(port: int, proc) -> None:
     deadline = time.time() + STARTUP_S
     while time.time() < deadline:
+        _check_alive(proc)
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -35,11 +37,21 @@ def _wait_for_port(port: int) -> None:
     raise TimeoutError(f"the tracker did not listen on {port} within {STARTUP_S} s")
 
 
-def _wait_for_servers(port: int, key: str, count: int) -> None:
+def _check_alive(proc) -> None:
+    """A tracker or server that ended while starting: its last line of stderr (e.g. tornado missing)."""
+    if proc.poll() is not None:
+        proc.log.seek(0)
+        lines = proc.log.read().decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"{proc.args[2]} exited with {proc.returncode}: {lines[-1] if lines else 'no output'}")
+
+
+def _wait_for_servers(port: int, key: str, count: int, procs) -> None:
     from tvm import rpc
 
     deadline = time.time() + STARTUP_S
     while time.time() < deadline:
+        for proc in procs:
+            _check_alive(proc)
         if rpc.connect_tracker("127.0.0.1", port).summary()["queue_info"].get(key, {}).get("free", 0) >= count:
             return
         time.sleep(0.5)
@@ -53,12 +65,12 @@ def tracker_with_servers(count: int = 2):
     port, key = _free_port(), "b2b-test"
     procs = [_start("tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1))]
     try:
-        _wait_for_port(port)
+        _wait_for_port(port, procs[0])
         for _ in range(count):
             server = _free_port()
             procs.append(_start("tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
                                 "--port", str(server), "--port-end", str(server + 1)))
-        _wait_for_servers(port, key, count)
+        _wait_for_servers(port, key, count, procs)
         yield port, key, procs
     finally:
         for proc in procs:
@@ -80,8 +92,12 @@ def tracker():
 
 
 def _start(module: str, *args: str):
-    return subprocess.Popen([sys.executable, "-m", module, *args, "--silent"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    # stderr to a file, not a pipe: a full pipe would block the process; read back if it dies starting
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", module, *args, "--silent"], stdout=subprocess.DEVNULL, stderr=log,
+                            start_new_session=True)
+    proc.log = log
+    return proc
 
 
 def _tune_error(args, capsys) -> str:
