@@ -16,9 +16,15 @@
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
+#   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
+#                                            the machine: carry ".devcarry/wheels" made by `pip download -d .devcarry/wheels tornado`)
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
 set -uo pipefail
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if ls .devcarry/wheels/*.whl >/dev/null 2>&1; then  # carried pure-Python wheels (the machine has no registry)
+  mkdir -p /tmp/wheels && for w in .devcarry/wheels/*.whl; do python3 -m zipfile -e "$w" /tmp/wheels; done
+  export PYTHONPATH="/tmp/wheels:$PYTHONPATH"
+fi
 out="${OUT:-bench/results/session}"; mkdir -p "$out" .tune
 N32="n=32,h=56,w=56,c=64,k1=64,k2=128"
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
@@ -116,6 +122,10 @@ case "$1" in
       && cp -r .tune/schedules/nvidia-h200-sm_90 "$out/shipped"
     TVM_B2B_SCHEDULES=$PWD/.tune/schedules timeout 560 python3 bench/bench_e2e.py --models "$2" --torch-compile "${3:-none}" \
       --breakdown --out "$out/e2e_h200" 2>&1 | grep -v "^\s*$" | tail -60
+    ;;
+  rpc)
+    timeout 400 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_rpc.py > "$out/gpu_tests_rpc.log" 2>&1
+    tail -30 "$out/gpu_tests_rpc.log"
     ;;
   model)
     timeout 130 python3 bench/bench_model.py --target cuda --dtype float16 --json "$out/model_h200.json" 2>&1 | tee "$out/model_h200.txt" | tail -8

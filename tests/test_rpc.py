@@ -132,42 +132,6 @@ def test_tune_rpc_errors_name_what_is_wrong(tracker, tmp_path, capsys):
     assert "only with --rpc" in _tune_error(["--rpc-key", key, *db], capsys)
 
 
-def test_a_server_lost_mid_run_costs_no_trials_and_no_records(tracker, tmp_path):
-    """Tuning through the tracker (the API under `tune --rpc`, past the CLI's up-front GPU check): one
-    of the two servers is killed once the first trial is done, mid-run. The servers here lend no
-    CUDA device, so every trial fails for the environment: none counts toward the trials, the
-    database keeps no record of them and reopens intact, and the cause is one clear line. (Kept last:
-    it kills a server of the module's tracker.)"""
-    from tvm_b2b.op.kind import parse_spec
-    from tvm_b2b.target import cuda_target
-    from tvm_b2b.tune.database import TuningDatabase
-    from tvm_b2b.tune.remote import RemoteGpu
-    from tvm_b2b.target import has_cuda_gpu
-    from tvm_b2b.tune.tuner import tune_spec
-
-    if has_cuda_gpu():
-        pytest.skip("the servers on this machine lend its GPU: trials succeed there (the GPU test kills a server)")
-    port, key, procs = tracker
-    lines = []
-
-    def out(line, **_):
-        lines.append(line)
-        if len(lines) == 1:
-            _kill(procs[1])
-
-    db = TuningDatabase(tmp_path / "db", lock=True)
-    result = tune_spec(parse_spec(SPEC), cuda_target("sm_90"), db, trials=4, work_dir=str(tmp_path / "logs"), out=out,
-                       remote=RemoteGpu("127.0.0.1", port, key, "a GPU", "sm_90"), remote_workers=2)
-    assert procs[1].poll() is not None, "the server was not killed mid-run"
-    assert result["trials"] == 0 and result["best_us"] is None, result
-    assert result["environment_failures"] >= 2, result  # the default config's trial and the search's
-    assert result["environment_error"].startswith("environment: "), result
-    assert "\n" not in result["environment_error"]
-    assert "failed for the environment, not counted" in lines[0]
-    reopened = TuningDatabase(tmp_path / "db")  # both files parse: nothing torn
-    assert len(reopened) == 0
-
-
 @pytest.mark.gpu
 def test_tune_through_a_tracker_on_this_gpu(tmp_path):
     """`tvm-b2b tune --rpc` through a real tracker and two servers lending this machine's GPU, 8 trials
@@ -209,3 +173,71 @@ def test_tune_through_a_tracker_on_this_gpu(tmp_path):
     assert ok, f"the best record through RPC, run here: max abs error {error}"
     remote_us, local_us = database.mean_us(best.run_secs), kernel.time_us(inputs, number=50, repeat=5)
     assert 0.6 < local_us / remote_us < 1.6, (local_us, remote_us)  # the same GPU: the same time, within noise
+
+
+def test_checked_measurement_through_a_tracker_on_cpu_servers(tracker, tmp_path):
+    """The tuner's RPC measurement (session, upload, inputs copied over, the run checked against the
+    numpy reference, the time read back) on the servers here, with the CPU kernel of a spec as the
+    candidate (they have no GPU): a correct kernel gives times, a kernel checked against another
+    spec's reference is the candidate's failure ("wrong result"), not the environment's."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_b2b.op.kind import parse_spec
+    from tvm_b2b.schedule import plan
+    from tvm_b2b.target import parse_target
+    from tvm_b2b.tune.remote import RemoteGpu
+    from tvm_b2b.tune.tuner import CheckedRun, environment_failure, make_runner
+
+    port, key, procs = tracker
+    if any(proc.poll() is not None for proc in procs):
+        pytest.skip("a server of the module's tracker was killed by an earlier test")
+    spec = parse_spec("n=1,h=8,w=8,c=16,k1=16,k2=32,dtype=float32")
+    target = parse_target("llvm")
+    (sch,) = plan(spec, target).schedules
+    (built,) = ms.builder.LocalBuilder(timeout_sec=300, max_workers=1).build([ms.builder.BuilderInput(sch.mod, target)])
+    assert built.error_msg is None, built.error_msg
+    args_info = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
+    remote = RemoteGpu("127.0.0.1", port, key, "none", "none")
+    other = parse_spec("n=1,h=8,w=8,c=16,k1=16,k2=32,act2=none,dtype=float32")  # same shapes, another result
+    results = {}
+    for name, checked in [("right", CheckedRun(spec)), ("wrong", CheckedRun(other))]:
+        (future,) = make_runner(checked, remote).run([ms.runner.RunnerInput(built.artifact_path, "cpu", args_info)])
+        results[name] = future.result()
+    assert results["right"].error_msg is None and len(results["right"].run_secs) == 3, results["right"].error_msg
+    assert "wrong result" in results["wrong"].error_msg and not environment_failure(results["wrong"].error_msg)
+
+
+def test_a_server_lost_mid_run_costs_no_trials_and_no_records(tracker, tmp_path):
+    """Tuning through the tracker (the API under `tune --rpc`, past the CLI's up-front GPU check): one
+    of the two servers is killed once the first trial is done, mid-run. The servers here lend no
+    CUDA device, so every trial fails for the environment: none counts toward the trials, the
+    database keeps no record of them and reopens intact, and the cause is one clear line. (Kept last:
+    it kills a server of the module's tracker.)"""
+    from tvm_b2b.op.kind import parse_spec
+    from tvm_b2b.target import cuda_target
+    from tvm_b2b.tune.database import TuningDatabase
+    from tvm_b2b.tune.remote import RemoteGpu
+    from tvm_b2b.target import has_cuda_gpu
+    from tvm_b2b.tune.tuner import tune_spec
+
+    if has_cuda_gpu():
+        pytest.skip("the servers on this machine lend its GPU: trials succeed there (the GPU test kills a server)")
+    port, key, procs = tracker
+    lines = []
+
+    def out(line, **_):
+        lines.append(line)
+        if len(lines) == 1:
+            _kill(procs[1])
+
+    db = TuningDatabase(tmp_path / "db", lock=True)
+    result = tune_spec(parse_spec(SPEC), cuda_target("sm_90"), db, trials=4, work_dir=str(tmp_path / "logs"), out=out,
+                       remote=RemoteGpu("127.0.0.1", port, key, "a GPU", "sm_90"), remote_workers=2)
+    assert procs[1].poll() is not None, "the server was not killed mid-run"
+    assert result["trials"] == 0 and result["best_us"] is None, result
+    assert result["environment_failures"] >= 2, result  # the default config's trial and the search's
+    assert result["environment_error"].startswith("environment: "), result
+    assert "\n" not in result["environment_error"]
+    assert "failed for the environment, not counted" in lines[0]
+    reopened = TuningDatabase(tmp_path / "db")  # both files parse: nothing torn
+    assert len(reopened) == 0
