@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import te, tirx
 
 from .activation import activation as act
-from .conv import direct_conv, group_channel, guard, pixel
+from .conv import direct_conv, group_channel, guard, pixel, vector_lanes
 from .conv_spec import ConvSpec
 from .spec import FusedConvSpec
 
@@ -145,10 +145,7 @@ def _gemm_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
 
 def channel_lanes(spec: FusedConvSpec) -> int:
     """Channels a thread computes at once in a grouped 3x3 (8 where k1 allows: two 8-byte vectors of fp16)."""
-    lanes = 8
-    while spec.k1 % lanes:
-        lanes //= 2
-    return lanes
+    return vector_lanes(spec.k1, 8)
 
 
 def _grouped_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):

@@ -14,6 +14,15 @@ __all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_rand
 
 
 # -- TE definition ----------------------------------------------------------------------------------
+def vector_lanes(extent: int, widest: int = 16) -> int:
+    """The widest power-of-two vector <= `widest` that divides `extent` (1 when it is odd): the
+    vectorized loop then needs no tail predicate."""
+    lanes = widest
+    while lanes > 1 and extent % lanes:
+        lanes //= 2
+    return lanes
+
+
 def pixel(spec, m):
     """(n, oh, ow) of GEMM row m (any op kind's spec: n, ho, wo)."""
     return m // (spec.ho * spec.wo), m // spec.wo % spec.ho, m % spec.wo

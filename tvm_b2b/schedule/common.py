@@ -3,14 +3,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-
-def vector_lanes(extent: int, widest: int = 16) -> int:
-    """The widest power-of-two vector <= `widest` that divides `extent` (1 when it is odd): the
-    vectorized loop then needs no tail predicate."""
-    lanes = widest
-    while lanes > 1 and extent % lanes:
-        lanes //= 2
-    return lanes
+from ..op.conv import vector_lanes  # noqa: F401 -- defined with the op (its compute vectorizes too), used by every rule
 
 
 def has_block(sch: s_tir.Schedule, name: str) -> bool:
