@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 
+from .op.conv import pad_channels
 from .op.conv_spec import ConvSpec
 from .op.reference import np_dtype
 from .op.spec import FusedConvSpec
@@ -78,8 +79,7 @@ class FusedKernel:
         spec = self.spec
         extra = self.input_channels - spec.c if self.input_channels else 0
         if extra:  # the kernel's channels (op.conv's x (n, h, w, c) and w (kh, kw, c, k)) padded with zeros
-            arrays = {**arrays, "x": np.pad(arrays["x"], ((0, 0), (0, 0), (0, 0), (0, extra))),
-                      "w": np.pad(arrays["w"], ((0, 0), (0, 0), (0, extra), (0, 0)))}
+            arrays = {**arrays, "x": pad_channels(arrays["x"], extra, 3), "w": pad_channels(arrays["w"], extra, 2)}
         tensors, out = device_arguments(spec, arrays, dev)
         if len(self.func_names) == 1:
             return [[*tensors.values(), out]]

@@ -23,6 +23,15 @@ def vector_lanes(extent: int, widest: int = 16) -> int:
     return lanes
 
 
+def pad_channels(array: np.ndarray, extra: int, axis: int) -> np.ndarray:
+    """`array` with `extra` zero channels appended on `axis`: what a kernel that takes more input
+    channels than the spec (a 3-channel stem as 4, for 8-byte loads) is given for x (axis 3, NHWC) and
+    w (axis 2, HWIO); zeros add nothing to the conv."""
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, extra)
+    return np.pad(array, widths)
+
+
 def pixel(spec, m):
     """(n, oh, ow) of GEMM row m (any op kind's spec: n, ho, wo)."""
     return m // (spec.ho * spec.wo), m // spec.wo % spec.ho, m % spec.wo

@@ -13,7 +13,7 @@ import numpy as np
 from tvm import relax
 
 from .activation import relax_const, relax_op
-from .conv import OP_KIND, ConvSpec
+from .conv import OP_KIND, ConvSpec, pad_channels
 from .pattern import Graph, affine_forward, chain, dtype_of, epilogue, shape_of, weight_shape
 from .reference import np_dtype
 
@@ -53,7 +53,7 @@ class ConvCandidate:
         extra = (self.plan.input_channels or spec.c) - spec.c if self.plan is not None else 0
         if extra:  # the kernel takes more channels (zeros in x and w): op's ConvSpec stays the model's
             x = emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
-            w = np.pad(w, ((0, 0), (0, 0), (0, extra), (0, 0)))
+            w = pad_channels(w, extra, 2)
         args = [x, relax.const(w.astype(np_dtype(spec.dtype))), relax.const(p["s"]), relax.const(p["b"])]
         if self.residual is not None:
             args.append(emit(relax.op.reshape(model_input(self.residual), (spec.m, spec.k))))
