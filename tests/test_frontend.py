@@ -356,3 +356,34 @@ def test_fusion_is_decided_by_measurement_where_the_database_has_both(model_dir,
     assert "measured faster as two single convs (7.0 us) than fused (10.0 us)" in pair.reason
     candidates = analyze(path, target, dtype="float16", db=database("fuse", 5.0, (3.0, 4.0)))[1]
     assert pairs_of(candidates)[0].fused and len(pairs_of(candidates)[0].plan.kernels) == 1
+
+
+def test_fusion_of_depthwise_pairs_is_decided_by_measurement(model_dir, tmp_path):
+    """The CUDA rule's policy runs these depthwise pairs (k1 > 32) as single convs; `tune --model` tunes
+    them fused as well as every single conv (the CUDA-core depthwise one measured once: no parameters),
+    and where the database holds both forms, the faster runs: here the fused kernel (records with run
+    times given here, on real schedules' traces)."""
+    import argparse
+
+    from tvm_b2b.cli import _specs_to_tune
+    from tvm_b2b.op.fused_pair import as_single_convs
+    from tvm_b2b.schedule import kind_of, rule_for
+    from tvm_b2b.target import target_info
+    from tvm_b2b.tune.database import TuningDatabase
+    from tvm_b2b.tune.tuner import commit_record
+
+    target, path = parse_target("cuda:sm_90"), str(model_dir / "depthwise.onnx")
+    info = target_info(target)
+    pairs = pairs_of(analyze(path, target, dtype="float16", db=None)[1])
+    assert pairs and all(p.fusable and not p.fused for p in pairs), [p.to_json() for p in pairs]
+    specs = _specs_to_tune(argparse.Namespace(model=path, spec=None), target)
+    db = TuningDatabase(tmp_path / "db", lock=True)
+    for pair in pairs:
+        halves = as_single_convs(pair.spec)
+        assert pair.spec in specs and all(half in specs for half in halves), (pair.spec, specs)
+        for spec, us in zip((pair.spec, *halves), (2.0, 3.0, 4.0)):
+            rule = rule_for(target, kind_of(spec), spec)
+            planned = rule.plan(spec, info, rule.default_config(spec, info))  # one kernel, as tuning measures it
+            commit_record(db, rule.workload(spec), planned.schedules[0].trace, target, [us * 1e-6])
+    measured = pairs_of(analyze(path, target, dtype="float16", db=str(tmp_path / "db"))[1])
+    assert all(p.fused and len(p.plan.kernels) == 1 for p in measured), [p.to_json() for p in measured]

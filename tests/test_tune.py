@@ -516,18 +516,29 @@ def test_old_records_are_not_misread_and_migrate(tmp_path, caplog):
 
 
 def test_tune_refuses_what_it_cannot_search():
-    """A spec whose default tuning cannot replace: a CUDA-core conv (no parameters) and a single conv
-    that splits its reduction by default (a tuned config runs whole; the split is not searched), each a
-    one-line reason; a batch-32 conv (one kernel by default) is tuned."""
+    """A single conv that splits its reduction by default (a tuned config runs whole; the split is not
+    searched) is a one-line reason; a batch-32 conv (one kernel by default) is tuned, and a CUDA-core
+    conv (no parameters) is measured once (tune_spec: no search)."""
     import argparse
 
     from tvm_b2b.cli import UserError, _specs_to_tune
 
     target = parse_target("cuda:sm_90")
-    whole = "n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"
-    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=[whole]), target)] == \
-        [parse_spec(whole).to_string()]
-    for spec, reason in [("n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "splits its reduction"),
-                         ("n=1,h=28,w=28,c=32,k=32,kh=3,kw=3,pad_h=1,pad_w=1,groups=32", "no parameters to tune")]:
-        with pytest.raises(UserError, match=reason):
-            _specs_to_tune(argparse.Namespace(model=None, spec=[spec]), target)
+    tuned = ["n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "n=1,h=28,w=28,c=32,k=32,kh=3,kw=3,pad_h=1,pad_w=1,groups=32"]
+    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=tuned), target)] == \
+        [parse_spec(s).to_string() for s in tuned]
+    with pytest.raises(UserError, match="splits its reduction"):
+        _specs_to_tune(argparse.Namespace(model=None, spec=["n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"]), target)
+
+
+def test_a_conv_without_parameters_is_measured_once(tmp_path):
+    """A CUDA-core conv has one schedule: tune measures it (its record decides its pair's fusion) and
+    searches nothing. Real builder and runner: without a GPU here its one trial fails, and still counts."""
+    from tvm_b2b.tune.tuner import tune_spec
+
+    spec = parse_spec("n=1,h=8,w=8,c=16,k=16,kh=3,kw=3,pad_h=1,pad_w=1,groups=16,dtype=float16")
+    db = database.TuningDatabase(tmp_path / "db", lock=True)
+    result = tune_spec(spec, parse_target("cuda:sm_90"), db, 8, work_dir=str(tmp_path / "logs"), out=lambda *a, **k: None)
+    assert result["trials"] == 1, result
+    assert (result["config"] == "its one schedule") == has_cuda_gpu() and (result["best_us"] is not None) == has_cuda_gpu()
+    assert len(database.TuningDatabase(tmp_path / "db").records_for(rule_for("cuda:sm_90", kind_of(spec), spec).workload(spec))) == 1

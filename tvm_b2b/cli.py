@@ -142,37 +142,37 @@ def _tune(args) -> int:
 
 
 def _specs_to_tune(args, target) -> list:
-    """The specs of --spec, or every distinct fused pair and single conv of --model that tuning can
-    search: a rule with parameters (a CUDA-core conv has none) whose default is one kernel (a single
-    conv whose default splits its reduction over two kernels keeps that: a tuned config runs whole, and
-    the split form is not in the search yet). A --spec that cannot be tuned is a one-line error."""
+    """The specs of --spec, or of --model: its pairs that fuse, its single convs, then its pairs that the
+    rule could fuse but its policy runs as single convs (with records of both forms, measurement
+    decides what a build runs). A conv on a rule without parameters (CUDA cores) is measured once,
+    for that decision. Not tuned: a single conv whose default splits its reduction over two kernels
+    (a tuned config runs whole, and the split is not searched yet): --spec of one is a one-line error."""
     from .frontend.model import analyze
     from .frontend.rewrite import pairs_of
     from .op.kind import parse_spec
     from .op.spec import OP_KIND as PAIR
-    from .schedule import kind_of, plan, rule_for
+    from .schedule import kind_of, plan
 
-    def why_not(spec, planned) -> str | None:
-        if not rule_for(target, kind_of(spec), spec).knobs:
-            return "its schedule on this target has no parameters to tune"
-        if kind_of(spec) != PAIR and len(planned.kernels) > 1:
-            return "by default it splits its reduction over two kernels (split-K), which tuning does not search yet"
-        return None
+    def split(spec, planned) -> bool:
+        return kind_of(spec) != PAIR and len(planned.kernels) > 1
 
     if not args.model:
         specs = [parse_spec(s) for s in args.spec]
         for spec in specs:
-            reason = why_not(spec, plan(spec, target))
-            if reason:
-                raise UserError(f"--spec: {spec.to_string()}: {reason}")
+            if split(spec, plan(spec, target)):
+                raise UserError(f"--spec: {spec.to_string()}: by default it splits its reduction over two kernels "
+                                "(split-K), which tuning does not search yet")
         return specs
     _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
-    pairs = list(dict.fromkeys(p.spec for p in pairs_of(candidates) if p.fused and not why_not(p.spec, p.plan)))
+    pairs = pairs_of(candidates)
+    fused = list(dict.fromkeys(p.spec for p in pairs if p.fused))
+    unfused = list(dict.fromkeys(p.spec for p in pairs if p.fusable and not p.fused))
     singles = {c.spec: c.plan for c in candidates if c.kind != PAIR and c.plan is not None}
-    convs = [spec for spec, planned in singles.items() if not why_not(spec, planned)]
-    print(f"{args.model}: {len(pairs)} distinct fused pair(s) and {len(convs)} distinct single conv(s) to tune"
-          + (f" ({len(singles) - len(convs)} other single conv(s) not tunable: split-K or CUDA cores)" if len(convs) < len(singles) else ""))
-    return pairs + convs
+    convs = [spec for spec, planned in singles.items() if not split(spec, planned)]
+    print(f"{args.model}: {len(fused)} distinct fused pair(s), {len(convs)} distinct single conv(s), and "
+          f"{len(unfused)} pair(s) the rule's policy runs unfused (tuned fused too: measurement decides)"
+          + (f"; {len(singles) - len(convs)} single conv(s) not tuned (split-K by default)" if len(convs) < len(singles) else ""))
+    return fused + convs + unfused
 
 
 def _tune_status(results: list[dict], trials: int) -> int:

@@ -122,7 +122,7 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
         candidate.spec = dataclasses.replace(candidate.spec, dtype=dtype)
     measured = _measured_fusion(candidate, target, db)
     if measured and measured[0] > measured[1]:
-        candidate.fused = False
+        candidate.fused, candidate.fusable = False, True
         candidate.reason = (f"measured faster as two single convs ({measured[1]:.1f} us) than fused ({measured[0]:.1f} us); "
                             "its convs run as single convs")
         return
@@ -134,6 +134,7 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
     except ValueError as err:
         candidate.fused, candidate.reason = False, str(err).removeprefix("target: ")
         return
+    candidate.fusable = candidate.kind == PAIR and candidate.plan.fusable
     if candidate.kind == PAIR and not candidate.plan.fused:
         # its convs are single convs then (the next kind's): the same template, exact extents, split-K
         reason = candidate.plan.reason

@@ -37,6 +37,7 @@ class Pair:
     last: object = None  # the Var whose binding the fused op replaces
     params: dict = field(default_factory=dict)  # w1 HWIO, s1, b1, w2 (k1, k2), s2, b2 as float32
     plan: object = None  # the target's schedule.Plan (its kernels, fused or two), once planned
+    fusable: bool = False  # the target's rule can fuse it (where `fused` is False, its policy or a measurement chose not to)
     kind: str = OP_KIND  # the op kind (op.kind) whose pattern found it
     bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv3x3 ... last)
 

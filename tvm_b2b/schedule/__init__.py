@@ -32,6 +32,7 @@ class Plan:
     input_channels: int | None = None  # x's channels as the kernels take them, when they pad it (zeros)
     mid_dtype: str | None = None  # the intermediate's dtype when not the op's (split-K's float32 partial sums)
     kernel: str = "tensorcore"  # what runs it, as `report` names it: "tensorcore", "cuda-core" or "cpu"
+    fusable: bool = True  # the rule can run it fused (where `fused` is False, only its fusion policy declined)
 
 
 # (op kind, target kind) -> the modules under schedule/ whose RULEs schedule that kind for that target

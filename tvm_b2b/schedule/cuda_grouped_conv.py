@@ -49,6 +49,13 @@ class GroupedConvRule(ParameterlessRule):
             return "a dense conv (groups=1): the tensor-core rule's"
         return None
 
+    def workload(self, spec: ConvSpec):
+        """The conv's PrimFunc as an IRModule ("main"): what its measured record (tune, one trial: no
+        parameters) is keyed on, so that a pair's fusion can be decided by measurement."""
+        import tvm
+
+        return tvm.IRModule({"main": conv_prim_func(spec)})
+
     def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
         from . import Plan
 

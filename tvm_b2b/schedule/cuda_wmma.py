@@ -628,16 +628,16 @@ class TensorCoreRule:
         if not reason and not self._fits(spec, cfg, arch):
             reason = self._too_large(spec, cfg, arch)
         if reason and not unfused:
-            return Plan([], False, cfg, reason)
+            return Plan([], False, cfg, reason, fusable=reason == slower)
         schedules, used = buildable_schedules(self._funcs(spec, not reason), spec, cfg, info.target, self.schedule_class)
         if not reason and used != cfg and not self._fits(spec, used, arch):
             reason = self._too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
             if not unfused:
-                return Plan([], False, used, reason)
+                return Plan([], False, used, reason, fusable=False)
             schedules, used = buildable_schedules(self._funcs(spec, False), spec, used, info.target, self.schedule_class)
         ext = self.extents(spec)
         return Plan([marked(sch) for sch in schedules], not reason, used, reason or "",
-                    (ext["m"], ext["k1"]) if reason else None, schedules)
+                    (ext["m"], ext["k1"]) if reason else None, schedules, fusable=not reason or reason == slower)
 
     def _funcs(self, spec: FusedConvSpec, fused: bool) -> list:
         ext = self.extents(spec)

@@ -255,7 +255,8 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     runner = make_runner(checked, remote, remote_workers)
     if before == 0 and trials > 0:
         measure_default(spec, target, database, builder, runner, progress)
-    while progress.done < trials and (deadline is None or time.time() < deadline):
+    searched = bool(rule.knobs)  # a rule without parameters has one schedule: its default, measured once
+    while searched and progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
             mod, target, work_dir, max_trials_global=batch, num_trials_per_iter=batch,
@@ -272,7 +273,8 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     valid = best is not None and best.run_secs and mean_us(best.run_secs) < FAILED_RUN_SECS * 1e6
     return {
         "spec": spec.to_string(), "trials_before": before, "trials": len(database.records_for(mod)),
-        "best_us": mean_us(best.run_secs) if valid else None, "config": config_of(best.trace).to_string() if valid else None,
+        "best_us": mean_us(best.run_secs) if valid else None,
+        "config": (config_of(best.trace).to_string() if searched else "its one schedule") if valid else None,
         "first_error": progress.first_error, "environment_failures": progress.environment,
         "environment_error": progress.environment_error,
     }
