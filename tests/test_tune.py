@@ -32,7 +32,7 @@ SINGLE = ConvSpec(n=1, h=14, w=14, c=64, k=128, dtype="float16")
 
 def _draws(spec, target, count, seed=1):
     """Random draws of the design space that pass its postprocessors (as the search makes them)."""
-    rule = rule_for(target, kind_of(spec))
+    rule = rule_for(target, kind_of(spec), spec)
     mod = rule.workload(spec)
     ctx = ms.TuneContext(mod=mod, target=target, space_generator=space.design_space(spec, rule, target_info(target)),
                          search_strategy=ms.search_strategy.ReplayTrace(), task_name="t")
@@ -64,6 +64,25 @@ def test_single_conv_space_draws_search_its_knobs_only():
     assert len(draws) == 4 and len(configs) > 1
     sampled = [inst for inst in draws[0].trace.insts if inst.kind.name == "SampleCategorical"]
     assert len(sampled) == len(cuda_wmma.KNOBS) - 1  # frags_n2 is recorded as a constant, not sampled
+
+
+def test_depthwise_pair_space_draws_build(tmp_path):
+    """The grouped pair's rule (a depthwise 3x3 on CUDA cores feeding the 1x1 on tensor cores) is tuned
+    through the same space: its draws differ (pixel tile and warps too: its 3x3's threads), tile the
+    spec, and each builds as the tuner builds it, one kernel (nvcc-compiled for sm_90 where nvcc is)."""
+    spec = FusedConvSpec.parse("n=1,h=28,w=28,c=144,k1=144,k2=24,groups=144,act1=relu6,act2=none,residual=1,dtype=float16")
+    target = parse_target("cuda:sm_90")
+    draws = _draws(spec, target, 4)
+    configs = {space.config_of(s.trace) for s in draws}
+    assert len(draws) == 4 and len(configs) > 1
+    assert len({(c.m_tile, c.warps_m * c.warps_n) for c in configs}) > 1, configs
+    rule = rule_for(target, kind_of(spec), spec)
+    for sch in draws[:2]:
+        source = build_candidate(sch.mod, target).imports[0].inspect_source()
+        assert len(kernels(source)) == 1 and "mma.sync" in source, space.config_of(sch.trace)
+        assert rule.fits(spec, space.config_of(sch.trace), 90)
+        if "sm_90" in nvcc_arches():
+            nvcc_compile(source, "sm_90", tmp_path)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
