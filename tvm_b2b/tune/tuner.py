@@ -242,7 +242,7 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     spec = getattr(rule, "kernel_spec", lambda s: s)(spec)  # what the kernel computes (the data it is checked on)
     before = len(database.records_for(mod))
     best = best_record(database, mod, target)
-    progress = Progress(label or spec.to_string(), trials, before,
+    progress = Progress(label or spec.to_string(), trials if rule.knobs else 1, before,
                         mean_us(best.run_secs) if best else None, started=time.perf_counter())
     progress.out = out
     checked = CheckedRun(spec)
