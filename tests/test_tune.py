@@ -561,3 +561,14 @@ def test_a_conv_without_parameters_is_measured_once(tmp_path):
     assert result["trials"] == 1, result
     assert (result["config"] == "its one schedule") == has_cuda_gpu() and (result["best_us"] is not None) == has_cuda_gpu()
     assert len(database.TuningDatabase(tmp_path / "db").records_for(rule_for("cuda:sm_90", kind_of(spec), spec).workload(spec))) == 1
+
+
+def test_a_model_is_tuned_where_it_spends_most_first():
+    """tune --model orders specs by FLOPs times occurrences (a --minutes budget then goes where the
+    model's time is): three convs of F FLOPs outweigh one of 2F; a tie keeps graph order."""
+    from tvm_b2b.cli import _by_work
+
+    small, big, other = (parse_spec(f"n=1,h=14,w=14,c={c},k=256") for c in (256, 512, 128))
+    assert big.flops == 2 * small.flops
+    assert _by_work([big, small, other, small, small, other, other, other]) == [small, big, other]  # 3F, 2F, 2F
+    assert _by_work([other, big, big]) == [big, other]

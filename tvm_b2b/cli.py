@@ -144,7 +144,7 @@ def _tune(args) -> int:
 def _specs_to_tune(args, target) -> list:
     """The specs of --spec, or of --model: its pairs that fuse, its single convs, then its pairs that the
     rule could fuse but its policy runs as single convs (with records of both forms, measurement
-    decides what a build runs). A conv on a rule without parameters (CUDA cores) is measured once,
+    decides what a build runs), each group the most work first. A conv on a rule without parameters (CUDA cores) is measured once,
     for that decision. Not tuned: a single conv whose default splits its reduction over two kernels
     (a tuned config runs whole, and the split is not searched yet): --spec of one is a one-line error."""
     from .frontend.model import analyze
@@ -165,14 +165,23 @@ def _specs_to_tune(args, target) -> list:
         return specs
     _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
     pairs = pairs_of(candidates)
-    fused = list(dict.fromkeys(p.spec for p in pairs if p.fused))
-    unfused = list(dict.fromkeys(p.spec for p in pairs if p.fusable and not p.fused))
+    fused = _by_work([p.spec for p in pairs if p.fused])
+    unfused = _by_work([p.spec for p in pairs if p.fusable and not p.fused])
     singles = {c.spec: c.plan for c in candidates if c.kind != PAIR and c.plan is not None}
-    convs = [spec for spec, planned in singles.items() if not split(spec, planned)]
+    convs = _by_work([c.spec for c in candidates if c.kind != PAIR and c.plan is not None and not split(c.spec, singles[c.spec])])
     print(f"{args.model}: {len(fused)} distinct fused pair(s), {len(convs)} distinct single conv(s), and "
           f"{len(unfused)} pair(s) the rule's policy runs unfused (tuned fused too: measurement decides)"
           + (f"; {len(singles) - len(convs)} single conv(s) not tuned (split-K by default)" if len(convs) < len(singles) else ""))
     return fused + convs + unfused
+
+
+def _by_work(specs: list) -> list:
+    """The distinct specs, the most work in the model first (FLOPs times occurrences): a run that its
+    --minutes cut short has tuned what weighs most."""
+    from collections import Counter
+
+    counts = Counter(specs)
+    return sorted(counts, key=lambda spec: -spec.flops * counts[spec])
 
 
 def _tune_status(results: list[dict], trials: int) -> int:
