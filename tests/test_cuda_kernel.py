@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.op import ACTIVATIONS, compare, random_inputs, reference
-from tvm_b2b.schedule.cuda_wmma import KNOBS, WmmaConfig, check_config, fits_shared_memory, stages_residual
+from tvm_b2b.schedule.cuda_wmma import KNOBS, RULE, WmmaConfig, check_config, stages_residual
 from tvm_b2b.target import target_info
 
 pytestmark = pytest.mark.gpu
@@ -84,7 +84,7 @@ def test_cuda_kernel_random_configs(spec, knobs, variant):
     except ValueError:
         assume(False)
     # two kernels only where the fused kernel's shared memory exceeds the GPU's
-    fits = fits_shared_memory(spec, config, target_info("cuda").arch)
+    fits = RULE.fits_shared_memory(spec, config, target_info("cuda").arch)
     _assert_computes_op(spec, 5, one_kernel=fits, config=config.to_string(), db=None)
 
 

@@ -167,11 +167,12 @@ def _specs_to_tune(args, target) -> list:
     pairs = pairs_of(candidates)
     fused = _by_work([p.spec for p in pairs if p.fused])
     unfused = _by_work([p.spec for p in pairs if p.fusable and not p.fused])
-    singles = {c.spec: c.plan for c in candidates if c.kind != PAIR and c.plan is not None}
-    convs = _by_work([c.spec for c in candidates if c.kind != PAIR and c.plan is not None and not split(c.spec, singles[c.spec])])
+    singles = [c for c in candidates if c.kind != PAIR and c.plan is not None]
+    convs = _by_work([c.spec for c in singles if not split(c.spec, c.plan)])
+    untuned = len({c.spec for c in singles}) - len(convs)
     print(f"{args.model}: {len(fused)} distinct fused pair(s), {len(convs)} distinct single conv(s), and "
           f"{len(unfused)} pair(s) the rule's policy runs unfused (tuned fused too: measurement decides)"
-          + (f"; {len(singles) - len(convs)} single conv(s) not tuned (split-K by default)" if len(convs) < len(singles) else ""))
+          + (f"; {untuned} single conv(s) not tuned (split-K by default)" if untuned else ""))
     return fused + convs + unfused
 
 
@@ -194,8 +195,7 @@ def _tune_status(results: list[dict], trials: int) -> int:
             print(f"{r['spec']}: {r['environment_failures']} trial(s) failed for the environment and were not counted "
                   f"({r['environment_error']})", file=sys.stderr)
     if failed:  # every trial of a spec failed: the cause, not only "no valid record"
-        cause = next((r["first_error"] or r["environment_error"] for r in failed if r["first_error"] or r["environment_error"]),
-                     "no trial was measured")
+        cause = next(filter(None, (r["first_error"] or r["environment_error"] for r in failed)), "no trial was measured")
         print(f"tvm-b2b tune: {len(failed)} spec(s) without a valid record; first failure: {cause}", file=sys.stderr)
         return 1
     if short:

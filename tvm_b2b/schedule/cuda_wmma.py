@@ -609,7 +609,7 @@ class TensorCoreRule:
             self.check_config(spec, cfg, arch)
         except ValueError:
             return False
-        return self._fits(spec, cfg, arch)
+        return self.fits_shared_memory(spec, cfg, arch)
 
     def plan(self, spec: FusedConvSpec, info, config: WmmaConfig | None = None, fused: bool = True, policy: bool = False,
              unfused: bool = True):
@@ -625,12 +625,12 @@ class TensorCoreRule:
         slower = self.fusion_loss_reason(spec) if fused and policy else None  # its tuned config is the fused kernel's
         reason = slower or (None if fused else "the two-kernel form was asked for")
         cfg = self.check_config(spec, self.default_config(spec, info) if config is None or slower else config, arch)
-        if not reason and not self._fits(spec, cfg, arch):
+        if not reason and not self.fits_shared_memory(spec, cfg, arch):
             reason = self._too_large(spec, cfg, arch)
         if reason and not unfused:
             return Plan([], False, cfg, reason, fusable=reason == slower)
         schedules, used = buildable_schedules(self._funcs(spec, not reason), spec, cfg, info.target, self.schedule_class)
-        if not reason and used != cfg and not self._fits(spec, used, arch):
+        if not reason and used != cfg and not self.fits_shared_memory(spec, used, arch):
             reason = self._too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
             if not unfused:
                 return Plan([], False, used, reason, fusable=False)
@@ -643,7 +643,8 @@ class TensorCoreRule:
         ext = self.extents(spec)
         return [fused_prim_func(spec, ext)] if fused else list(unfused_prim_funcs(spec, ext))
 
-    def _fits(self, spec, cfg: WmmaConfig, arch: int) -> bool:
+    def fits_shared_memory(self, spec, cfg: WmmaConfig, arch: int) -> bool:
+        """Whether the fused kernel's shared memory (the rule's shared_bytes) fits the arch's."""
         return self.shared_bytes(spec, cfg) <= max_shared_bytes(arch)
 
     def _too_large(self, spec, cfg: WmmaConfig, arch: int) -> str:
@@ -655,11 +656,6 @@ class TensorCoreRule:
 
 
 RULE = TensorCoreRule()
-
-
-def fits_shared_memory(spec: FusedConvSpec, cfg: WmmaConfig, arch: int) -> bool:
-    """Whether the fused kernel's shared memory (shared_bytes) fits the arch's."""
-    return shared_bytes(spec, cfg) <= max_shared_bytes(arch)
 
 
 def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target,

@@ -389,6 +389,6 @@ def resolve_config(spec, target, fused: bool, config=None, db="auto"):
     from ..schedule import kind_of, rule_for
 
     rule = rule_for(info, kind_of(spec), spec)
-    if rule.can_implement(spec, info) or not getattr(rule, "knobs", None):
+    if rule.can_implement(spec, info) or not rule.knobs:
         return None  # the schedule rule reports it, or has no parameters to tune
     return tuned_config(spec, target, directory)

@@ -167,6 +167,22 @@ class Progress:
                  + (f" ({self.environment} failed for the environment, not counted: {self.environment_error})"
                     if self.environment else ""), flush=True)
 
+    def add(self, results: list[tuple]) -> None:
+        """Counts measured trials, each (build error, run error, run_secs): a failure for the environment
+        is not a trial; the others are, with the first failure's cause kept."""
+        batch, environment = [], 0
+        for build_error, run_error, run_secs in results:
+            self.wrong += "wrong result" in (run_error or "")
+            if environment_failure(run_error):
+                environment += 1
+                self.environment_error = self.environment_error or environment_cause(run_error)
+                continue
+            error = build_error or run_error
+            if error and not self.first_error:
+                self.first_error = _cause(error)
+            batch.append(mean_us(run_secs) if run_secs and not error else None)
+        self.update(batch, environment)
+
 
 @derived_object
 class ProgressCallback(ms.measure_callback.PyMeasureCallback):
@@ -175,18 +191,7 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         self.progress = progress
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
-        progress, batch, environment = self.progress, [], 0
-        progress.wrong += sum("wrong result" in (r.error_msg or "") for r in runner_results)
-        for built, result in zip(builder_results, runner_results):
-            error = built.error_msg or result.error_msg
-            if environment_failure(result.error_msg):
-                environment += 1
-                progress.environment_error = progress.environment_error or environment_cause(result.error_msg)
-                continue
-            if error and not progress.first_error:
-                progress.first_error = _cause(error)
-            batch.append(mean_us(result.run_secs) if result.run_secs and not error else None)
-        progress.update(batch, environment)
+        self.progress.add([(b.error_msg, r.error_msg, r.run_secs) for b, r in zip(builder_results, runner_results)])
 
 
 @derived_object
@@ -242,7 +247,8 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     spec = getattr(rule, "kernel_spec", lambda s: s)(spec)  # what the kernel computes (the data it is checked on)
     before = len(database.records_for(mod))
     best = best_record(database, mod, target)
-    progress = Progress(label or spec.to_string(), trials if rule.knobs else 1, before,
+    searched = bool(rule.knobs)  # a rule without parameters has one schedule: its default, measured once
+    progress = Progress(label or spec.to_string(), trials if searched else 1, before,
                         mean_us(best.run_secs) if best else None, started=time.perf_counter())
     progress.out = out
     checked = CheckedRun(spec)
@@ -255,7 +261,6 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     runner = make_runner(checked, remote, remote_workers)
     if before == 0 and trials > 0:
         measure_default(spec, target, database, builder, runner, progress)
-    searched = bool(rule.knobs)  # a rule without parameters has one schedule: its default, measured once
     while searched and progress.done < trials and (deadline is None or time.time() < deadline):
         batch, round_start = min(round_trials, trials - progress.done), progress.done
         ms.tune_tir(
@@ -300,21 +305,18 @@ def measure_default(spec, target, database: TuningDatabase, builder, runner, pro
     mod = rule.workload(spec)
     (sch,) = planned.schedules
     (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
-    measured, error = None, built.error_msg
+    run_error, run_secs = None, None
     if built.error_msg is None:
         args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
         (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda", args_info)])
         result = future.result()
         shutil.rmtree(os.path.dirname(built.artifact_path), ignore_errors=True)
-        if environment_failure(result.error_msg):
-            progress.environment_error = progress.environment_error or environment_cause(result.error_msg)
-            progress.update([], environment=1)
-            return
-        measured, error = (None, result.error_msg) if result.error_msg else ([float(s) for s in result.run_secs], None)
-    if error and not progress.first_error:
-        progress.first_error = _cause(error)
-    commit_record(database, mod, sch.trace, target, measured or [FAILED_RUN_SECS])
-    progress.update([mean_us(measured) if measured else None])
+        run_error, run_secs = result.error_msg, result.run_secs
+    progress.add([(built.error_msg, run_error, run_secs)])
+    if environment_failure(run_error):
+        return
+    measured = run_secs and not (built.error_msg or run_error)
+    commit_record(database, mod, sch.trace, target, [float(s) for s in run_secs] if measured else [FAILED_RUN_SECS])
 
 
 def commit_record(database: TuningDatabase, mod, trace, target, run_secs: list[float]) -> None:
