@@ -42,7 +42,7 @@ def remote_gpu(text: str, key: str) -> RemoteGpu:
         tracker = rpc.connect_tracker(host, port)
         keys = tracker.summary()["queue_info"]
     except Exception as err:  # noqa: BLE001 - a socket error of any kind: the tracker is not there
-        raise ValueError(f"--rpc: cannot reach an RPC tracker at {host}:{port} ({_first_line(err)})") from None
+        raise ValueError(f"--rpc: cannot reach an RPC tracker at {host}:{port} ({_error_line(err)})") from None
     if key not in keys or not keys[key].get("free", 0) + keys[key].get("pending", 0):
         known = ", ".join(sorted(keys)) or "none"
         raise ValueError(f"--rpc-key: no RPC server is registered under {key!r} at {host}:{port} (keys there: {known})")
@@ -52,7 +52,7 @@ def remote_gpu(text: str, key: str) -> RemoteGpu:
         exists = bool(device.exist)
         name, version = (device.device_name, device.compute_version) if exists else ("", "")
     except Exception as err:  # noqa: BLE001 - the server went away, or has no CUDA runtime at all
-        raise ValueError(f"--rpc: the RPC server under {key!r} could not be asked for its GPU ({_first_line(err)})") from None
+        raise ValueError(f"--rpc: the RPC server under {key!r} could not be asked for its GPU ({_error_line(err)})") from None
     if not exists:
         raise ValueError(f"--rpc-key: the RPC server under {key!r} at {host}:{port} has no CUDA GPU to measure on")
     return RemoteGpu(host, port, key, str(name), "sm_" + str(version).replace(".", ""))
@@ -65,6 +65,12 @@ def check_target(gpu: RemoteGpu, target) -> None:
         raise ValueError(f"--target: {arch}, but the GPU under {gpu.key!r} at {gpu.tracker} is {gpu.name} ({gpu.arch})")
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+def error_cause(error_msg: str) -> str:
+    """The line of an error message that says what went wrong: its last non-empty line (MetaSchedule
+    puts tracebacks first; an RPC error's first line is only "Error caught from RPC call:")."""
+    lines = [line.strip() for line in error_msg.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "unknown error"
+
+
+def _error_line(err: Exception) -> str:
+    return error_cause(str(err)) if str(err).strip() else type(err).__name__

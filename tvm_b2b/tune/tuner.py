@@ -14,6 +14,7 @@ from ..op.kind import op_kinds
 from ..schedule import cuda_wmma, kind_of, rule_for
 from ..target import target_info
 from .database import TuningDatabase, best_record, mean_us
+from .remote import error_cause
 from .space import config_of, design_space
 
 FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed measurement (its kMaxMeanTime)
@@ -83,7 +84,7 @@ class CheckedRun:
         except Exception as err:
             if _answers(session):
                 raise
-            raise RuntimeError(f"{ENVIRONMENT}lost the RPC server while measuring ({_cause(str(err))})") from None
+            raise RuntimeError(f"{ENVIRONMENT}lost the RPC server while measuring ({error_cause(str(err))})") from None
 
     def evaluate(self, rt_mod, device, evaluator_config, repeated_args):
         from tvm.s_tir.meta_schedule.runner.utils import run_evaluator_common
@@ -109,7 +110,7 @@ def _blame_environment(what: str, step, *args):
     try:
         return step(*args)
     except Exception as err:
-        raise RuntimeError(f"{ENVIRONMENT}{what} ({_cause(str(err))})") from None
+        raise RuntimeError(f"{ENVIRONMENT}{what} ({error_cause(str(err))})") from None
 
 
 def _answers(session) -> bool:
@@ -129,7 +130,7 @@ def environment_failure(error_msg: str | None) -> bool:
 def environment_cause(error_msg: str) -> str:
     """An environment failure's cause, one line starting with "environment: "."""
     if ENVIRONMENT not in error_msg:
-        return f"{ENVIRONMENT}no answer from the RPC server in time ({_cause(error_msg)})"
+        return f"{ENVIRONMENT}no answer from the RPC server in time ({error_cause(error_msg)})"
     return error_msg[error_msg.index(ENVIRONMENT):].splitlines()[0][:300]
 
 
@@ -179,7 +180,7 @@ class Progress:
                 continue
             error = build_error or run_error
             if error and not self.first_error:
-                self.first_error = _cause(error)
+                self.first_error = error_cause(error)
             batch.append(mean_us(run_secs) if run_secs and not error else None)
         self.update(batch, environment)
 
@@ -283,13 +284,6 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
         "first_error": progress.first_error, "environment_failures": progress.environment,
         "environment_error": progress.environment_error,
     }
-
-
-def _cause(error_msg: str) -> str:
-    """The line of a builder's or runner's error message that says what went wrong (its last
-    non-empty line: MetaSchedule puts tracebacks first)."""
-    lines = [line.strip() for line in error_msg.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "unknown error"
 
 
 def measure_default(spec, target, database: TuningDatabase, builder, runner, progress: Progress) -> None:
