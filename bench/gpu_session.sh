@@ -16,6 +16,7 @@
 #   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
+#   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
 #                                            the machine: carry ".devcarry/wheels" made by `pip download -d .devcarry/wheels tornado`)
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
@@ -122,6 +123,12 @@ case "$1" in
       && cp -r .tune/schedules/nvidia-h200-sm_90 "$out/shipped"
     TVM_B2B_SCHEDULES=$PWD/.tune/schedules timeout 560 python3 bench/bench_e2e.py --models "$2" --torch-compile "${3:-none}" \
       --breakdown --out "$out/e2e_h200" 2>&1 | grep -v "^\s*$" | tail -60
+    ;;
+  convs)
+    shift; cfgs=(--config default); for c in "$@"; do cfgs+=(--config "$c"); done; specs=()
+    for c in ${CASES:-}; do specs+=(--spec "$c"); done
+    timeout "${LIMIT:-300}" python3 bench/bench_convs.py "${specs[@]}" "${cfgs[@]}" --json "$out/convs${TAG:-}.json" 2>&1 \
+      | tee "$out/convs${TAG:-}.txt" | grep -v "^\s*$"
     ;;
   rpc)
     timeout 400 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_rpc.py > "$out/gpu_tests_rpc.log" 2>&1

@@ -182,3 +182,27 @@ def test_cuda_split_k_matches_reference(kind):
     assert len(kernel.func_names) == 2  # split-K: the partial sums, then their sum and the epilogue
     err, ok = compare(spec, kernel(**inputs), conv_reference(spec, **inputs))
     assert ok, f"max abs error {err}"
+
+
+# deep reductions of large layers: the default's 128-channel tiles, two steps ahead (cuda_conv.wide_config),
+# on 128- and (7x7: 1600 padded rows) 64-pixel tiles
+WIDE = [dict(n=32, h=14, w=14, c=1024, k=256), dict(n=32, h=7, w=7, c=512, k=512, kh=3, kw=3, pad_h=1, pad_w=1, residual=True)]
+
+
+@pytest.mark.parametrize("kind", WIDE, ids=["14x14-1x1", "7x7-3x3-residual"])
+def test_cuda_wide_default_builds(kind, tmp_path):
+    """A deep reduction of a large layer gets the wide tiles by default; a shallow one, or a small layer
+    (batch 1), keeps the 64-channel tiles; nvcc compiles the wide kernel for sm_90."""
+    spec, target = ConvSpec(**kind, dtype="float16"), parse_target("cuda:sm_90")
+    planned = plan(spec, target)
+    assert (planned.config.n1_tile, planned.config.pipeline, len(planned.kernels)) == (128, 2, 1)
+    assert plan(ConvSpec(n=32, h=56, w=56, c=64, k=256, dtype="float16"), target).config.n1_tile == 64
+    assert plan(ConvSpec(**{**kind, "n": 1}, dtype="float16"), target).config.n1_tile == 64
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(compiled_source(planned.kernels, target), "sm_90", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", WIDE, ids=["14x14-1x1", "7x7-3x3-residual"])
+def test_cuda_wide_default_matches_reference(kind):
+    _assert_computes_op(ConvSpec(**kind, dtype="float16"), "cuda")

@@ -34,17 +34,38 @@ def extents(spec: ConvSpec) -> dict[str, int]:
 
 
 def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
-    """The untuned choice, 2x2 warps, 64-channel chunks. sm_80 and newer: ldmatrix + mma.sync, loads
+    """The untuned choice, 2x2 warps: wide_config where it applies, else 64-channel chunks. sm_80 and newer: ldmatrix + mma.sync, loads
     one 64-deep step ahead, the largest pixel tile (128/64/32) that still gives MIN_BLOCKS blocks
     (pixel tiles x channel chunks), epilogue from the registers through the fp16 tile from 64-pixel
     tiles up (as the pair's default, cuda_wmma.default_config). Older GPUs: WMMA, 64-pixel tiles."""
     ext = extents(spec)
     if arch < 80:
         return WmmaConfig(m_tile=32) if ext["m"] % 64 else WmmaConfig()
+    wide = wide_config(ext)
+    if wide is not None:
+        return wide
     chunks = ext["k"] // 64
     tiles = [t for t in (128, 64, 32) if ext["m"] % t == 0]
     m_tile = next((t for t in tiles if ext["m"] // t * chunks >= MIN_BLOCKS), tiles[-1])
     return WmmaConfig(m_tile=m_tile, k_tile=64, pipeline=1, mma=1, epilogue=2 if m_tile >= 64 else 0)
+
+
+WIDE_MIN_REDUCTION = 1024  # reduction depth (kh*kw*c) from which wide tiles measured faster
+
+
+def wide_config(ext: dict[str, int]) -> WmmaConfig | None:
+    """128-channel tiles (2x2 warps of 64x64, or 32x64 on 64-pixel tiles), loads two steps ahead,
+    for deep reductions whose wide tiles still make MIN_BLOCKS / 2 blocks; None elsewhere. H200, ResNet-50
+    at batch 32, against the 64-channel default (bench/results/convs_h200_s12_configs.txt): 3x3 convs
+    14x14 256 38.8 -> 36.4 us, 7x7 512 52.9 -> 42.6, 28x28 128 31.5 -> 29.8, stride 2 28->14 256
+    42.6 -> 35.1; 1x1 14x14 1024->256 20.8 -> 17.6. Shallower reductions lost: 1x1 56x56 64->256
+    28.9 -> 31.7, 7x7 512->2048 +residual 23.6 -> 25.5."""
+    if ext["k"] % 128 or ext["r"] < WIDE_MIN_REDUCTION:
+        return None
+    for m_tile, k_tile in ((128, 32), (64, 64)):
+        if ext["m"] % m_tile == 0 and ext["m"] // m_tile * (ext["k"] // 128) >= MIN_BLOCKS // 2:
+            return WmmaConfig(m_tile=m_tile, k_tile=k_tile, n1_tile=128, pipeline=2, mma=1, epilogue=2)
+    return None
 
 
 def split_factor(spec: ConvSpec, cfg: WmmaConfig) -> int:
