@@ -59,9 +59,10 @@ def _wait_for_servers(port: int, key: str, count: int, procs) -> None:
 
 
 @contextlib.contextmanager
-def tracker_with_servers(count: int = 2):
+def tracker_with_servers(count: int = 2, *server_args: str):
     """(port, key, processes: the tracker's, then each server's): a real tracker and `count` servers
-    under the key on 127.0.0.1, all killed (with the workers they fork) on exit."""
+    under the key on 127.0.0.1 (started with `server_args` too), all killed (with the workers they
+    fork) on exit."""
     port, key = _free_port(), "b2b-test"
     procs = [_start("tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1))]
     try:
@@ -69,7 +70,7 @@ def tracker_with_servers(count: int = 2):
         for _ in range(count):
             server = _free_port()
             procs.append(_start("tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}", "--key", key, "--host", "127.0.0.1",
-                                "--port", str(server), "--port-end", str(server + 1)))
+                                "--port", str(server), "--port-end", str(server + 1), *server_args))
         _wait_for_servers(port, key, count, procs)
         yield port, key, procs
     finally:
@@ -147,7 +148,7 @@ def test_tune_through_a_tracker_on_this_gpu(tmp_path):
     from tvm_b2b.schedule import kind_of, rule_for
 
     db, spec, target = tmp_path / "db", parse_spec(SPEC), parse_target("cuda")
-    with tracker_with_servers(2) as (port, key, procs):
+    with tracker_with_servers(2, "--no-fork") as (port, key, procs):  # as README says: a forked server has no CUDA
         tuner = subprocess.Popen([sys.executable, "-m", "tvm_b2b", "tune", "--spec", SPEC, "--rpc", f"127.0.0.1:{port}",
                                   "--rpc-key", key, "--rpc-workers", "2", "--trials", "8", "--db", str(db)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -241,3 +242,16 @@ def test_a_server_lost_mid_run_costs_no_trials_and_no_records(tracker, tmp_path)
     assert "failed for the environment, not counted" in lines[0]
     reopened = TuningDatabase(tmp_path / "db")  # both files parse: nothing torn
     assert len(reopened) == 0
+
+
+def test_a_forked_servers_cuda_error_says_to_start_it_without_fork():
+    """The errors a session of a forking rpc_server (TVM's default) gave on the H200 for the GPU's name and
+    arch (bench/results/rpc_probe_h200_s12.log) point to --no-fork; other errors get no such hint."""
+    from tvm_b2b.tune.remote import error_cause, fork_hint
+
+    name = ("RPCError: Error caught from RPC call:\ncuDeviceGetName(&name[0], name.size(), dev.device_id) failed "
+            "with error: CUDA_ERROR_NOT_INITIALIZED")
+    arch = "RPCError: Error caught from RPC call:\nCUDA Runtime Error: cudaErrorInitializationError (3): initialization error"
+    assert error_cause(name).startswith("cuDeviceGetName") and error_cause(arch).startswith("CUDA Runtime Error")
+    assert all("--no-fork" in fork_hint(text) for text in (name, arch))
+    assert fork_hint("RPCError: Error caught from RPC call:\nDevice API cuda is not enabled.") == ""

@@ -52,7 +52,8 @@ def remote_gpu(text: str, key: str) -> RemoteGpu:
         exists = bool(device.exist)
         name, version = (device.device_name, device.compute_version) if exists else ("", "")
     except Exception as err:  # noqa: BLE001 - the server went away, or has no CUDA runtime at all
-        raise ValueError(f"--rpc: the RPC server under {key!r} could not be asked for its GPU ({_error_line(err)})") from None
+        raise ValueError(f"--rpc: the RPC server under {key!r} could not be asked for its GPU ({_error_line(err)})"
+                         f"{fork_hint(str(err))}") from None
     if not exists:
         raise ValueError(f"--rpc-key: the RPC server under {key!r} at {host}:{port} has no CUDA GPU to measure on")
     return RemoteGpu(host, port, key, str(name), "sm_" + str(version).replace(".", ""))
@@ -63,6 +64,17 @@ def check_target(gpu: RemoteGpu, target) -> None:
     arch = str(target.attrs.get("arch", ""))
     if arch and arch != gpu.arch:
         raise ValueError(f"--target: {arch}, but the GPU under {gpu.key!r} at {gpu.tracker} is {gpu.name} ({gpu.arch})")
+
+
+FORKED_CUDA = ("CUDA_ERROR_NOT_INITIALIZED", "cudaErrorInitializationError")  # CUDA in a process forked after its init
+
+
+def fork_hint(error_msg: str) -> str:
+    """What to do about a CUDA error that a server forking its sessions gets (TVM's rpc_server does by
+    default; measured on the H200: every CUDA call in the session fails to initialize)."""
+    if any(code in error_msg for code in FORKED_CUDA):
+        return "; start the RPC servers with --no-fork: a forked session cannot initialize CUDA"
+    return ""
 
 
 def error_cause(error_msg: str) -> str:
