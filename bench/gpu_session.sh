@@ -13,7 +13,8 @@
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
 #   bash bench/gpu_session.sh alltests       every GPU test, 8 processes (carry .devcarry/xdist: pip download pytest-xdist execnet)
 #   [CASE=SPEC] bash bench/gpu_session.sh compare CFG...   one case (N=32 56x56 64->64->128) with the default, tuned and given configs
-#   bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of N=32 56x56 64->64->128 (tuned record, then each CFG)
+#   [CASE=SPEC KERNEL=REGEX] bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of CASE (default N=32 56x56
+#                                            64->64->128; any op kind, e.g. a conv with KERNEL=conv), tuned record then each CFG
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
@@ -100,8 +101,8 @@ case "$1" in
     sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
     for cfg in tuned "$@"; do
       flag=$([ "$cfg" = tuned ] && echo --tuned || echo "--config $cfg")
-      timeout 100 ncu --clock-control none -k regex:fused --launch-skip 1 --launch-count 1 $sections \
-        python3 bench/profile_kernel.py --case "$N32" $flag --source "$out/kernel_${cfg//[=,]/_}.cu" > "$out/ncu_${cfg//[=,]/_}.txt" 2>&1
+      timeout 100 ncu --clock-control none -k "regex:${KERNEL:-fused}" --launch-skip 1 --launch-count 1 $sections \
+        python3 bench/profile_kernel.py --case "${CASE:-$N32}" $flag --source "$out/kernel_${cfg//[=,]/_}.cu" > "$out/ncu_${cfg//[=,]/_}.txt" 2>&1
       echo "== $cfg"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Shared Memory Config|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|^ *(OPT|WRN)" "$out/ncu_${cfg//[=,]/_}.txt" | head -40
     done
     ;;
