@@ -346,8 +346,9 @@ def make_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="list the 3x3 -> 1x1 pairs of an ONNX model and whether each fuses",
         description="Imports an ONNX model and lists every 3x3 -> 1x1 convolution pair it has, with the fused spec "
-                    "or every reason it is not fused on the target, then every conv with the kernel it gets (fused-pair, "
-                    "tensorcore: a pair's two template kernels, default: TVM's own schedule) and why. Compiles nothing.")
+                    "or every reason it is not fused on the target, then every conv with the kernel it gets (fused-pair; "
+                    "tensorcore: a single conv on our tensor-core kernel; cuda-core: a grouped conv on our CUDA-core "
+                    "kernel; cpu: our CPU kernel; default: TVM's own schedule) and why. Compiles nothing.")
     report.add_argument("model", help="MODEL.onnx")
     report.add_argument("--target", default="llvm", help="the target whose kernel decides what fuses (default llvm)")
     report.add_argument("--json", action="store_true", help='print {"pairs": [...], "convs": [...]} as JSON')
@@ -363,7 +364,8 @@ def make_parser() -> argparse.ArgumentParser:
     comp.add_argument("-o", "--output", required=True, help="OUT.so (metadata goes to OUT.so.json)")
     comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, 'cuda -arch=sm_XX', "
                       "'llvm -mcpu=native', or a target JSON")
-    comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the fused pairs run in float16 with float32 accumulation (the GPU path); default keeps float32")
+    comp.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="float16: the whole model runs in float16 with float32 accumulation in every conv "
+                      "(the GPU path: tensor cores), outputs in the model's dtype; default keeps float32")
     comp.add_argument("--no-fuse", action="store_true", help="compile without fusing (the baseline)")
     comp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                       help="a line on stderr per stage and per kernel scheduled (default: when stderr is a terminal)")
