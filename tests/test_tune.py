@@ -572,3 +572,22 @@ def test_a_model_is_tuned_where_it_spends_most_first():
     assert big.flops == 2 * small.flops
     assert _by_work([big, small, other, small, small, other, other, other]) == [small, big, other]  # 3F, 2F, 2F
     assert _by_work([other, big, big]) == [big, other]
+
+
+def test_cuda_intrinsics_import_alone_then_the_whole_package():
+    """Our schedules import TVM's CUDA tensor intrinsics without the package's ARM/x86/ROCm/Hexagon ones
+    (schedule.common.cuda_tensor_intrinsics); the package imported afterwards is whole and does not
+    register the CUDA intrinsics twice (that would raise). In a fresh process: nothing imported it yet."""
+    script = (
+        "import sys\n"
+        "from tvm_b2b.schedule.common import cuda_tensor_intrinsics\n"
+        "cuda = cuda_tensor_intrinsics()\n"
+        "from tvm.s_tir import TensorIntrin\n"
+        "assert TensorIntrin.get('mma_f16f16f32') is not None\n"
+        "assert 'tvm.s_tir.tensor_intrin' not in sys.modules and 'tvm.s_tir.tensor_intrin.x86' not in sys.modules\n"
+        "import tvm.s_tir.tensor_intrin as package\n"
+        "assert package.cuda is cuda and package.x86 is sys.modules['tvm.s_tir.tensor_intrin.x86']\n"
+        "assert cuda_tensor_intrinsics() is cuda\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-1500:]

@@ -58,3 +58,31 @@ def conv_in_registers(sch, conv, thread) -> None:
     vectorize_float32(sch, sch.get_loops(init)[-1])
     sch.unroll(rh)
     sch.unroll(rw)
+
+
+TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+def cuda_tensor_intrinsics():
+    """TVM's CUDA tensor intrinsics (tvm.s_tir.tensor_intrin.cuda, registered on import), without the
+    rest of its package: the package's __init__ also imports the ARM, x86, ROCm, Hexagon and RISC-V
+    intrinsics wherever LLVM is enabled, none of which our schedules use (about 14 of its 40 s on a
+    2-core machine). The package stands in sys.modules uninitialized only while cuda imports: a later
+    `import tvm.s_tir.tensor_intrin` runs its __init__ as usual, which finds cuda imported already
+    (registering its intrinsics twice would fail)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    import tvm.s_tir
+
+    if TENSOR_INTRIN in sys.modules or TENSOR_INTRIN + ".cuda" in sys.modules:
+        return importlib.import_module(TENSOR_INTRIN + ".cuda")
+    package = importlib.util.module_from_spec(importlib.util.find_spec(TENSOR_INTRIN))  # its __init__ not run
+    sys.modules[TENSOR_INTRIN] = package
+    try:
+        return importlib.import_module(TENSOR_INTRIN + ".cuda")
+    finally:
+        del sys.modules[TENSOR_INTRIN]
+        if getattr(tvm.s_tir, "tensor_intrin", None) is package:
+            del tvm.s_tir.tensor_intrin

@@ -30,7 +30,7 @@ from tvm import s_tir
 from ..op.compute import fused_prim_func, padded_extents, round_up, unfused_prim_funcs
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes, target_info
-from .common import has_block, vector_lanes
+from .common import cuda_tensor_intrinsics, has_block, vector_lanes
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ class WmmaFusedSchedule:
     at random otherwise (MetaSchedule's design space, tvm_b2b.tune)."""
 
     def __init__(self, sch: s_tir.Schedule, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int = 80):
-        from tvm.s_tir.tensor_intrin import cuda as intrin  # slow import (~15-60 s): only here
+        intrin = cuda_tensor_intrinsics()  # slow import (~15-40 s): only here
 
         self.mma = bool(cfg and cfg.mma)
         self.from_registers = bool(cfg and cfg.mma and cfg.epilogue)

@@ -150,7 +150,9 @@ class TuningDatabase(ms.database.PyDatabase):
 
     def _load(self):
         # records name the tensor intrinsics they tensorize with: register them before parsing
-        import tvm.s_tir.tensor_intrin.cuda  # noqa: F401  (slow import: only where a database is read)
+        from ..schedule.common import cuda_tensor_intrinsics
+
+        cuda_tensor_intrinsics()  # slow import: only where a database is read
 
         workloads = []
         repair = self.lock_fd is not None
