@@ -34,8 +34,8 @@ def extents(spec: ConvSpec) -> dict[str, int]:
 
 
 def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
-    """The untuned choice, 2x2 warps: wide_config where it applies, else 64-channel chunks. sm_80 and newer: ldmatrix + mma.sync, loads
-    one 64-deep step ahead, the largest pixel tile (128/64/32) that still gives MIN_BLOCKS blocks
+    """The untuned choice, 2x2 warps: wide_config where it applies, else 64-channel chunks. sm_80 and
+    newer: ldmatrix + mma.sync, loads one 64-deep step ahead, the largest pixel tile (128/64/32) that still gives MIN_BLOCKS blocks
     (pixel tiles x channel chunks), epilogue from the registers through the fp16 tile from 64-pixel
     tiles up (as the pair's default, cuda_wmma.default_config). Older GPUs: WMMA, 64-pixel tiles."""
     ext = extents(spec)
@@ -54,8 +54,9 @@ WIDE_MIN_REDUCTION = 1024  # reduction depth (kh*kw*c) from which wide tiles mea
 
 
 def wide_config(ext: dict[str, int]) -> WmmaConfig | None:
-    """128-channel tiles (2x2 warps of 64x64, or 32x64 on 64-pixel tiles), loads two steps ahead,
-    for deep reductions whose wide tiles still make MIN_BLOCKS / 2 blocks; None elsewhere. H200, ResNet-50
+    """128-channel tiles (2x2 warps of 64x64, or 32x64 on 64-pixel tiles; 32-deep steps on 128-pixel
+    tiles for shared memory), loads two steps ahead, for deep reductions whose wide tiles still make
+    MIN_BLOCKS / 2 blocks; None elsewhere (batch 1 keeps the narrow tiles and split-K). H200, ResNet-50
     at batch 32, against the 64-channel default (bench/results/convs_h200_s12_configs.txt): 3x3 convs
     14x14 256 38.8 -> 36.4 us, 7x7 512 52.9 -> 42.6, 28x28 128 31.5 -> 29.8, stride 2 28->14 256
     42.6 -> 35.1; 1x1 14x14 1024->256 20.8 -> 17.6. Shallower reductions lost: 1x1 56x56 64->256
