@@ -35,9 +35,10 @@ def extents(spec: ConvSpec) -> dict[str, int]:
 
 def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
     """The untuned choice, 2x2 warps: wide_config where it applies, else 64-channel chunks. sm_80 and
-    newer: ldmatrix + mma.sync, loads one 64-deep step ahead, the largest pixel tile (128/64/32) that still gives MIN_BLOCKS blocks
-    (pixel tiles x channel chunks), epilogue from the registers through the fp16 tile from 64-pixel
-    tiles up (as the pair's default, cuda_wmma.default_config). Older GPUs: WMMA, 64-pixel tiles."""
+    newer: ldmatrix + mma.sync, loads one 64-deep step ahead, the largest pixel tile (128/64/32) that
+    still gives MIN_BLOCKS blocks (pixel tiles x channel chunks), epilogue from the registers through
+    the fp16 tile from 64-pixel tiles up (as the pair's default, cuda_wmma.default_config). Older
+    GPUs: WMMA, 64-pixel tiles."""
     ext = extents(spec)
     if arch < 80:
         return WmmaConfig(m_tile=32) if ext["m"] % 64 else WmmaConfig()
