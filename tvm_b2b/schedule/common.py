@@ -67,9 +67,9 @@ def cuda_tensor_intrinsics():
     """TVM's CUDA tensor intrinsics (tvm.s_tir.tensor_intrin.cuda, registered on import), without the
     rest of its package: the package's __init__ also imports the ARM, x86, ROCm, Hexagon and RISC-V
     intrinsics wherever LLVM is enabled, none of which our schedules use (compiling ResNet-50 for
-    sm_90 on a 2-core machine: 78.5 -> 49.6 s). The package stands in sys.modules uninitialized only while cuda imports: a later
-    `import tvm.s_tir.tensor_intrin` runs its __init__ as usual, which finds cuda imported already
-    (registering its intrinsics twice would fail)."""
+    sm_90 on a 2-core machine: 78.5 -> 49.6 s). The package stands in sys.modules uninitialized only
+    while cuda imports: a later `import tvm.s_tir.tensor_intrin` runs its __init__ as usual, which
+    finds cuda imported already (registering its intrinsics twice would fail)."""
     import importlib
     import importlib.util
     import sys
