@@ -92,6 +92,69 @@ def test_cpu_conv_random_shapes(spec):
     _assert_computes_op(spec, "llvm", seed=1)
 
 
+STRIDED_FEW_CHANNELS = st.builds(
+    lambda n, h, w, c, k, kh, kw, stride, pad: ConvSpec(
+        n=n, h=h, w=w, c=c, k=k, kh=kh, kw=kw, stride=stride, pad_h=min(pad, kh - 1), pad_w=min(pad, kw - 1),
+        act="none", dtype="float32"),
+    st.integers(1, 2), st.integers(7, 14), st.integers(7, 14), st.integers(1, 7), st.integers(1, 9),
+    st.integers(1, 7), st.integers(1, 7), st.sampled_from([2, 3]), st.integers(0, 3))
+
+
+@settings(max_examples=25, deadline=None)
+@given(spec=STRIDED_FEW_CHANNELS, channels=st.sampled_from([None, 32]))
+def test_space_to_depth_form_computes_the_same_conv(spec, channels):
+    """InputForm(cells=True): the stride-1 conv of the cells (op.conv.space_to_depth) on x and w as the
+    form makes them equals the strided conv (numpy reference, float32: |diff| <= 1e-5 relative to the
+    output's largest magnitude), rows or columns that no output reads cut off, zero channels appended."""
+    from tvm_b2b.op.conv import InputForm, space_to_depth
+
+    form = InputForm(cells=True, channels=channels)
+    cells = form.spec(spec)
+    assert cells.stride == 1 and (cells.pad_h, cells.pad_w) == (0, 0) and cells.out_shape == spec.out_shape
+    assert cells.c == (channels or space_to_depth(spec).c)
+    inputs = conv_random_inputs(spec, seed=4)
+    want = conv_reference(spec, **inputs)
+    got = conv_reference(cells, form.x(spec, inputs["x"]), form.w(spec, inputs["w"]), inputs["s"], inputs["b"])
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("shape", [dict(h=64, w=64, c=3, kh=7, kw=7, stride=2, pad_h=3, pad_w=3),
+                                   dict(h=10, w=11, c=2, kh=2, kw=4, stride=3, pad_h=0, pad_w=1)], ids=["stem", "cut"])
+def test_space_to_depth_in_relax_matches_numpy(shape):
+    """The Relax ops a model gets for the form (op.conv_pattern.input_in_form; the second case cuts
+    rows and columns no output reads) give InputForm.x's array, built and run for the CPU."""
+    import tvm
+    from tvm import relax
+
+    from tvm_b2b.op.conv import InputForm
+    from tvm_b2b.op.conv_pattern import input_in_form
+
+    spec, form = ConvSpec(n=2, k=8, **shape, dtype="float32"), InputForm(cells=True, channels=24)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((spec.n, spec.h, spec.w, spec.c), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(input_in_form(form, spec, x, bb.emit))
+        bb.emit_func_output(y)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+    value = np.random.default_rng(0).standard_normal((spec.n, spec.h, spec.w, spec.c)).astype("float32")
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(value)).numpy(), form.x(spec, value))
+
+
+def test_cuda_stem_runs_as_its_space_to_depth_conv():
+    """A strided conv of few channels (ResNet's stem) runs on CUDA as the stride-1 conv of 2x2 cells
+    (4x4 of 12 channels, no padding: reduction 192); a strided conv of 8 or more channels as itself."""
+    from tvm_b2b.op.conv import InputForm
+    from tvm_b2b.schedule.cuda_conv import kernel_spec
+
+    target = parse_target("cuda:sm_90")
+    stem = ConvSpec(**KINDS[5], dtype="float16")
+    assert plan(stem, target).input_form == InputForm(cells=True)
+    assert (kernel_spec(stem).kh, kernel_spec(stem).c, kernel_spec(stem).r, kernel_spec(stem).stride) == (4, 12, 192, 1)
+    assert plan(ConvSpec(**KINDS[4], dtype="float16"), target).input_form is None
+    assert plan(ConvSpec(n=1, h=8, w=8, c=3, k=8, dtype="float16"), target).input_form == InputForm(channels=4)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("kind", [KINDS[1], KINDS[4], KINDS[5]], ids=["1x1-stride2", "3x3-stride2-residual", "7x7-stem"])
 def test_cuda_conv_builds(kind, arch, tmp_path):

@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 
-from .op.conv import pad_channels
 from .op.conv_spec import ConvSpec
 from .op.reference import np_dtype
 from .op.spec import FusedConvSpec
@@ -18,9 +17,9 @@ class FusedKernel:
     or name. Returns y (n, ho, wo, channels) as numpy."""
 
     def __init__(self, spec, target, executable, func_names: list[str], mid_shape=None, config=None,
-                 fused: bool = True, input_channels: int | None = None, stage1_inputs: int = 4, mid_dtype: str | None = None):
+                 fused: bool = True, input_form=None, stage1_inputs: int = 4, mid_dtype: str | None = None):
         self.spec = spec
-        self.input_channels = input_channels  # x's channels as the kernel takes them (padded with zeros), if more
+        self.input_form = input_form  # how the kernel takes x and w where not as given (op.conv.InputForm)
         self.stage1_inputs = stage1_inputs  # with two kernels: how many of the op's inputs the first takes
         self.mid_dtype = mid_dtype  # with two kernels: the intermediate's dtype when not the op's
         self.target = target
@@ -77,9 +76,10 @@ class FusedKernel:
         from .op.device import device_arguments
 
         spec = self.spec
-        extra = self.input_channels - spec.c if self.input_channels else 0
-        if extra:  # the kernel's channels (op.conv's x (n, h, w, c) and w (kh, kw, c, k)) padded with zeros
-            arrays = {**arrays, "x": pad_channels(arrays["x"], extra, 3), "w": pad_channels(arrays["w"], extra, 2)}
+        if self.input_form is not None:  # x and w as the kernel takes them: its spec's
+            form = self.input_form
+            arrays = {**arrays, "x": form.x(spec, arrays["x"]), "w": form.w(spec, arrays["w"])}
+            spec = form.spec(spec)
         tensors, out = device_arguments(spec, arrays, dev)
         if len(self.func_names) == 1:
             return [[*tensors.values(), out]]
@@ -142,4 +142,4 @@ def _compile(spec, target, fused: bool, config) -> FusedKernel:
     planned = plan(spec, target, fused, config)
     names = [str(f.attrs["global_symbol"]) for f in planned.kernels]
     return FusedKernel(spec, target, compile_module(scheduled_module(planned.kernels), target), names, planned.mid_shape, config,
-                       planned.fused, planned.input_channels, len(planned.kernels[0].params) - 1, planned.mid_dtype)
+                       planned.fused, planned.input_form, len(planned.kernels[0].params) - 1, planned.mid_dtype)

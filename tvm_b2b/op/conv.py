@@ -2,6 +2,9 @@
 numpy reference; its spec is op/conv_spec.py."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 from tvm import te, tirx
 
@@ -9,8 +12,8 @@ from .activation import activation
 from .conv_spec import OP_KIND, ConvSpec
 from .reference import conv_nhwc, np_dtype
 
-__all__ = ["OP_KIND", "ConvSpec", "conv_prim_func", "conv_reference", "conv_random_inputs", "padded_conv_extents",
-           "split_prim_funcs"]
+__all__ = ["OP_KIND", "ConvSpec", "InputForm", "conv_prim_func", "conv_reference", "conv_random_inputs",
+           "padded_conv_extents", "space_to_depth", "split_prim_funcs"]
 
 
 # -- TE definition ----------------------------------------------------------------------------------
@@ -30,6 +33,58 @@ def pad_channels(array: np.ndarray, extra: int, axis: int) -> np.ndarray:
     widths = [(0, 0)] * array.ndim
     widths[axis] = (0, extra)
     return np.pad(array, widths)
+
+
+# -- the input as a kernel takes it ------------------------------------------------------------------
+def cell_grid(spec: ConvSpec) -> tuple[int, int, int, int]:
+    """(kernel rows, kernel columns, cell rows, cell columns) of space_to_depth(spec): the kernel in
+    whole stride x stride cells, and the cells the output reads (ho + kernel rows - 1, ...)."""
+    s = spec.stride
+    kh, kw = -(-spec.kh // s), -(-spec.kw // s)
+    return kh, kw, spec.ho + kh - 1, spec.wo + kw - 1
+
+
+def space_to_depth(spec: ConvSpec) -> ConvSpec:
+    """The stride-1 conv that computes the strided conv `spec` on its zero-padded input cut into
+    stride x stride pixel cells, each cell's pixels as channels (space-to-depth, as MLPerf's ResNet
+    stems): a 7x7 stride-2 conv of 3 channels is a 4x4 conv of 12, its reduction 192 deep instead of
+    147 gathered pixel by pixel (InputForm makes x and w)."""
+    kh, kw, rows, cols = cell_grid(spec)
+    s = spec.stride
+    return dataclasses.replace(spec, h=rows, w=cols, c=spec.c * s * s, kh=kh, kw=kw, stride=1, pad_h=0, pad_w=0)
+
+
+@dataclass(frozen=True)
+class InputForm:
+    """How a kernel takes a conv's x and w when not as the spec gives them: with `cells`, as
+    space_to_depth(spec)'s; then with `channels` more channels than that, zeros appended (wider
+    vector loads). The transforms of x are injective (a model fuses them into the op that makes x)."""
+
+    cells: bool = False
+    channels: int | None = None
+
+    def spec(self, spec: ConvSpec) -> ConvSpec:
+        """The conv the kernel computes."""
+        spec = space_to_depth(spec) if self.cells else spec
+        return dataclasses.replace(spec, c=self.channels) if self.channels else spec
+
+    def x(self, spec: ConvSpec, x: np.ndarray) -> np.ndarray:
+        """x (n, h, w, c) as the kernel takes it."""
+        if self.cells:
+            s, (_, _, rows, cols) = spec.stride, cell_grid(spec)
+            widths = [(0, 0), (spec.pad_h, max(0, s * rows - spec.h - spec.pad_h)),
+                      (spec.pad_w, max(0, s * cols - spec.w - spec.pad_w)), (0, 0)]
+            x = np.pad(x, widths)[:, :s * rows, :s * cols]
+            x = x.reshape(spec.n, rows, s, cols, s, spec.c).transpose(0, 1, 3, 2, 4, 5).reshape(spec.n, rows, cols, -1)
+        return pad_channels(x, self.spec(spec).c - x.shape[3], 3)
+
+    def w(self, spec: ConvSpec, w: np.ndarray) -> np.ndarray:
+        """w (kh, kw, c, k) as the kernel takes it (zero taps fill the last cells)."""
+        if self.cells:
+            s, (kh, kw, _, _) = spec.stride, cell_grid(spec)
+            w = np.pad(w, [(0, s * kh - spec.kh), (0, s * kw - spec.kw), (0, 0), (0, 0)])
+            w = w.reshape(kh, s, kw, s, spec.c, spec.k).transpose(0, 2, 1, 3, 4, 5).reshape(kh, kw, -1, spec.k)
+        return pad_channels(w, self.spec(spec).c - w.shape[2], 2)
 
 
 def pixel(spec, m):

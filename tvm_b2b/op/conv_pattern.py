@@ -13,7 +13,7 @@ import numpy as np
 from tvm import relax
 
 from .activation import relax_const, relax_op
-from .conv import OP_KIND, ConvSpec, pad_channels
+from .conv import OP_KIND, ConvSpec, InputForm, cell_grid
 from .pattern import Graph, affine_forward, chain, dtype_of, epilogue, shape_of, weight_shape
 from .reference import np_dtype
 
@@ -50,14 +50,31 @@ class ConvCandidate:
         x, w = model_input(self.x), p["w"]
         if tuple(int(d) for d in x.ty.shape) != (spec.n, spec.h, spec.w, spec.c):  # a matmul's (n, c)
             x = emit(relax.op.reshape(x, (spec.n, spec.h, spec.w, spec.c)))
-        extra = (self.plan.input_channels or spec.c) - spec.c if self.plan is not None else 0
-        if extra:  # the kernel takes more channels (zeros in x and w): op's ConvSpec stays the model's
-            x = emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra]))
-            w = pad_channels(w, extra, 2)
+        form = self.plan.input_form if self.plan is not None else None
+        if form is not None:  # the kernel takes x and w in another form (op.conv.InputForm): op's ConvSpec stays the model's
+            x, w = input_in_form(form, spec, x, emit), form.w(spec, w)
         args = [x, relax.const(w.astype(np_dtype(spec.dtype))), relax.const(p["s"]), relax.const(p["b"])]
         if self.residual is not None:
             args.append(emit(relax.op.reshape(model_input(self.residual), (spec.m, spec.k))))
         return args
+
+
+def input_in_form(form: InputForm, spec: ConvSpec, x, emit):
+    """The Relax x (n, h, w, c) as InputForm.x makes it in numpy: padded and cut into cells, zero channels
+    appended (injective ops, which TVM fuses into one kernel with whatever makes x)."""
+    channels = spec.c
+    if form.cells:
+        s, (_, _, rows, cols) = spec.stride, cell_grid(spec)
+        bottom, right = s * rows - spec.h - spec.pad_h, s * cols - spec.w - spec.pad_w
+        x = emit(relax.op.nn.pad(x, [0, 0, spec.pad_h, max(0, bottom), spec.pad_w, max(0, right), 0, 0]))
+        if min(bottom, right) < 0:  # rows or columns that no output reads
+            x = emit(relax.op.strided_slice(x, axes=[1, 2], begin=[0, 0], end=[s * rows, s * cols]))
+        x = emit(relax.op.reshape(x, (spec.n, rows, s, cols, s, spec.c)))
+        x = emit(relax.op.permute_dims(x, [0, 1, 3, 2, 4, 5]))
+        channels = s * s * spec.c
+        x = emit(relax.op.reshape(x, (spec.n, rows, cols, channels)))
+    extra = form.spec(spec).c - channels
+    return emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, extra])) if extra else x
 
 
 def conv_problems(call) -> list[str]:

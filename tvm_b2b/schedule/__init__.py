@@ -29,7 +29,7 @@ class Plan:
     reason: str = ""  # why the op does not run fused
     mid_shape: tuple | None = None  # the intermediate's global buffer when there are two kernels
     schedules: list = field(default_factory=list)  # the kernels' s_tir.Schedules (their traces, for tuning records)
-    input_channels: int | None = None  # x's channels as the kernels take them, when they pad it (zeros)
+    input_form: object = None  # how the kernels take x and w where not as given (op.conv.InputForm), else None
     mid_dtype: str | None = None  # the intermediate's dtype when not the op's (split-K's float32 partial sums)
     kernel: str = "tensorcore"  # what runs it, as `report` names it: "tensorcore", "cuda-core" or "cpu"
     fusable: bool = True  # the rule can run it fused (where `fused` is False, only its fusion policy declined)

@@ -3,7 +3,7 @@ the fused pair's template (cuda_wmma) on one implicit GEMM. Each block computes 
 x `n1_tile` channels: im2col and weight tiles gathered into shared memory (zero padding by
 predicate; cp.async `pipeline` steps ahead), ldmatrix + mma.sync (WMMA before sm_80), then the
 scale/bias/[residual]/act epilogue from the accumulators. The reduction (kh*kw*c) is padded as a
-whole, so a 3-channel 7x7 stem computes 192 reduction steps for its 147.
+whole; a strided conv of few channels (a 7x7 stem) runs as its space-to-depth stride-1 conv (input_form).
 Parameters are the pair's WmmaConfig; the conv uses m_tile, warps, n1_tile, k_tile, pipeline, mma and
 epilogue (n2_tile is the pair's second GEMM's, unused here).
 """
@@ -14,18 +14,30 @@ import dataclasses
 
 from tvm import s_tir
 
-from ..op.conv import ConvSpec, conv_prim_func, padded_conv_extents, split_prim_funcs
+from ..op.conv import ConvSpec, InputForm, conv_prim_func, padded_conv_extents, space_to_depth, split_prim_funcs
 from ..target import max_shared_bytes
 from .cuda_wmma import (CHANNEL_UNIT, DTYPE_BYTES, KNOBS, MIN_BLOCKS, WmmaConfig, aligned_row, buildable_schedules,
                         TensorCoreRule, check_fields, marked, pixel_unit, stages_residual)
 
 
+def input_form(spec: ConvSpec) -> InputForm | None:
+    """How the kernel takes x and w, where not as given (op.conv.InputForm; the caller makes them:
+    Plan.input_form). A strided conv of fewer than 8 channels (a stem) as its space-to-depth stride-1
+    conv: H200, ResNet-50's 7x7 stem at batch 32 153 -> 58 us, at batch 1 12.0 -> 4.8
+    (bench/results/convs_h200_s13_stem_s2d.txt; padding its 12 channels to 16 measured the same at
+    batch 32, slower at batch 1). Then fewer than 8 channels padded to 4 or 8, so that each tap's
+    channels load as one 8- or 16-byte vector; 3 channels otherwise gather 2-byte elements (H200,
+    ResNet-50 batch 32: 268 us of 2209, before space-to-depth)."""
+    cells = spec.stride > 1 and spec.c < 8 and spec.groups == 1
+    c = space_to_depth(spec).c if cells else spec.c
+    channels = 4 if c < 4 else 8 if c < 8 else None
+    return InputForm(cells, channels) if cells or channels else None
+
+
 def kernel_spec(spec: ConvSpec) -> ConvSpec:
-    """The spec the kernel computes: input channels below 8 padded to 4 or 8 (zeros in x and w, added by
-    the caller: Plan.input_channels), so that each tap's channels load as one 8- or 16-byte vector; a
-    3-channel stem otherwise gathers 2-byte elements (H200, ResNet-50 batch 32: 268 us of 2209)."""
-    channels = 4 if spec.c < 4 else 8 if spec.c < 8 else spec.c
-    return dataclasses.replace(spec, c=channels)
+    """The conv the kernel computes (input_form's; the spec itself where that is None)."""
+    form = input_form(spec)
+    return form.spec(spec) if form else spec
 
 
 def extents(spec: ConvSpec) -> dict[str, int]:
@@ -168,9 +180,9 @@ class ConvTensorCoreRule(TensorCoreRule):
             (sch,), used = buildable_schedules([first], padded, cfg, info.target)
             total = schedule_split_sum(second)
             return Plan([marked(sch), total.mod["main"]], False, used, "", (splits, ext["m"], ext["k"]), [sch, total],
-                        input_channels=padded.c, mid_dtype="float32")
+                        input_form=input_form(spec), mid_dtype="float32")
         schedules, used = buildable_schedules([conv_prim_func(padded, ext)], padded, cfg, info.target)
-        return Plan([marked(sch) for sch in schedules], True, used, "", None, schedules, input_channels=padded.c)
+        return Plan([marked(sch) for sch in schedules], True, used, "", None, schedules, input_form=input_form(spec))
 
 
 RULE = ConvTensorCoreRule()
