@@ -161,6 +161,12 @@ def across_blocks(g: Graph):  # no pair: 3x3 -> residual add -> relu -> 1x1 span
     return g.add(g.conv(y, 16, 16, 1), g.conv(y, 16, 16, 3))
 
 
+def projection(g: Graph):  # ResNet's downsample block: the shortcut conv's output is the pair's residual
+    y = g.relu(g.conv("x", 16, 16, 1))
+    y = g.conv(g.relu(g.conv(y, 16, 16, 3, 2)), 16, 32, 1)
+    return g.relu(g.add(y, g.conv("x", 16, 32, 1, 2, pad=0)))
+
+
 def mini_resnet(g: Graph):  # three bottleneck tails, one with stride 2, plus a stem and a head
     x = g.relu(g.conv("x", 16, 32, 1))
     x = torch_bottleneck(g, x, 32, 32)
@@ -202,6 +208,7 @@ MODELS = {
     "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),
     "mini_resnet": (mini_resnet, (2, 16, 16, 16), 3, 3),
+    "projection": (projection, (1, 16, 8, 8), 1, 1),
 }
 
 

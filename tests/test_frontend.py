@@ -192,6 +192,28 @@ def test_float16_model_lowers_for_cuda(model_dir, name):
     compile_module(fuse_pairs(mod, target, candidates)[0], target)
 
 
+def test_a_kernel_output_taken_as_a_residual_is_not_copied(model_dir):
+    """A kernel whose residual is another kernel's output (ResNet's projection shortcut: the pair takes
+    the stride-2 1x1 conv's) takes that output itself, not a reshape of its reshaped view: TVM fuses two
+    reshapes into a copy kernel (ResNet-50 at batch 32 had four). Every op's kernel output appears in
+    the rewritten graph as a reshape to NHWC only."""
+    from tvm import relax
+
+    from tvm_b2b.frontend.rewrite import fuse_pairs
+    from tvm_b2b.op.activation import relax_op
+
+    target = parse_target("cuda:sm_90")
+    mod, candidates, _ = analyze(str(model_dir / "projection.onnx"), target, dtype="float16", db=None)
+    main = fuse_pairs(mod, target, candidates)[0]["main"]
+    bindings = {b.var: b.value for block in main.body.blocks for b in block.bindings}
+    reshapes = [v for v in bindings.values() if relax_op(v) == "relax.reshape"]
+    assert not [v for v in reshapes if relax_op(bindings.get(v.args[0])) == "relax.reshape"]
+    calls = [v for v in bindings.values() if relax_op(v) == "relax.call_tir"]
+    inputs = [a for call in calls for a in call.args[1].fields]
+    kernel_outputs = {var for var, value in bindings.items() if relax_op(value) == "relax.call_tir"}
+    assert any(a in kernel_outputs for a in inputs), "no kernel takes another's output directly (the residual)"
+
+
 def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
     """On CUDA the ResNet-50 body's k1 = 64 pairs fuse; wider ones run as the template's two
     tensor-core kernels (the fused kernel measured slower there), with the reason in the report."""
@@ -376,7 +398,9 @@ def test_fusion_of_depthwise_pairs_is_decided_by_measurement(model_dir, tmp_path
     info = target_info(target)
     pairs = pairs_of(analyze(path, target, dtype="float16", db=None)[1])
     assert pairs and all(p.fusable and not p.fused for p in pairs), [p.to_json() for p in pairs]
-    specs = _specs_to_tune(argparse.Namespace(model=path, spec=None), target)
+    specs = _specs_to_tune(argparse.Namespace(model=path, spec=None, only=None), target)
+    assert _specs_to_tune(argparse.Namespace(model=path, spec=None, only="pairs"), target) == \
+        list(dict.fromkeys(p.spec for p in pairs))  # --only pairs: the pairs alone
     db = TuningDatabase(tmp_path / "db", lock=True)
     for pair in pairs:
         halves = as_single_convs(pair.spec)
