@@ -6,8 +6,8 @@
 #   bash bench/gpu_session.sh bench          ship .tune/db's best records (merged with schedules/), benchmarks (default vs tuned), model bench
 #   [CASES=...] bash bench/gpu_session.sh tunebench MIN N   tune, ship and benchmark in one call
 #   bash bench/gpu_session.sh model          model bench, GPU tests of the frontend and of tuning
-#   [TRIALS=16] bash bench/gpu_session.sh tunemodels MIN NAME:BATCH...   export the torchvision models, tune every distinct
-#                                            pair and single conv of each into .tune/db (resumes), MIN minutes in all
+#   [TRIALS=16 ONLY=pairs] bash bench/gpu_session.sh tunemodels MIN NAME:BATCH...   export the torchvision models, tune every distinct
+#                                            pair and single conv of each (ONLY=pairs or convs: those alone) into .tune/db (resumes), MIN minutes in all
 #   bash bench/gpu_session.sh shipe2e NAME:BATCH,... [COMPILE]   ship .tune/db with schedules/ into .tune/schedules (copied
 #                                            to $OUT), then bench_e2e on those records (torch.compile mode COMPILE, default none)
 #   bash bench/gpu_session.sh tests | tests2 the kernel's GPU tests | all other GPU tests (one call each), log to $OUT
@@ -113,7 +113,7 @@ case "$1" in
       name="${model%%:*}" batch="${model##*:}"
       left=$(( (end - $(date +%s)) / 60 )); [ "$left" -ge 1 ] || { echo "time spent: $model not tuned"; continue; }
       path=$(python3 -c "import sys; sys.path.insert(0, 'onnx_models'); from torchvision_models import export; print(export('$name', $batch, 224, '.tune/models'))")
-      timeout $(( left * 60 + 120 )) python3 -m tvm_b2b tune --model "$path" --target cuda --trials "${TRIALS:-16}" --db .tune/db \
+      timeout $(( left * 60 + 120 )) python3 -m tvm_b2b tune --model "$path" ${ONLY:+--only "$ONLY"} --target cuda --trials "${TRIALS:-16}" --db .tune/db \
         --minutes "$left" 2>&1 | quiet | tee -a "$out/tune_models.log" | grep -E "^n=|distinct|time budget|short|without"
     done
     mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"

@@ -160,6 +160,8 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     _record(other, OTHER, target, SLOW, 5e-5)
     _record(other, SPEC, target, SLOW, 1e-5)  # now the fastest record of SPEC
     _record(other, SINGLE, target, SLOW, 2e-5)  # a single conv's record ships too
+    orphan = dataclasses.replace(OTHER, h=7, w=7)  # as a record of a kernel whose PrimFunc changed: no spec builds it
+    _record(other, orphan, target, SLOW, 2e-5)
     database.record_specs(tmp_path / "other", [OTHER, SPEC, SINGLE])
     out = tmp_path / "shipped"
     out.mkdir()
@@ -177,6 +179,14 @@ def test_ship_merges_databases(tuned_dir, tmp_path):
     assert "## History\n- session 1: by hand" in readme and "old table" not in readme
     # trials add up: the README's 7, then the 2 and 1 records of SPEC in the two new databases
     assert f"| `{SPEC.to_string()}` | 10 |" in readme and f"| `{OTHER.to_string()}` | 1 |" in readme, readme
+    assert not shipped.has_workload(cuda_wmma.workload(orphan))
+    # --drop SPEC: none of its records ship (one slower than a newer default, say)
+    run = subprocess.run([sys.executable, "bench/ship_schedules.py", str(out), "--drop", OTHER.to_string(),
+                          "--gpu", "NVIDIA H200", "--arch", "sm_90", "--out", str(tmp_path / "dropped")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-1500:]
+    dropped = database.TuningDatabase(tmp_path / "dropped")
+    assert not dropped.has_workload(cuda_wmma.workload(OTHER)) and len(dropped.records_for(cuda_wmma.workload(SPEC))) == 2
+    assert OTHER.to_string() not in (tmp_path / "dropped" / "specs.txt").read_text()
 
 
 def test_a_database_ships_to_the_gpu_it_was_measured_on(tuned_dir, tmp_path):
@@ -544,10 +554,12 @@ def test_tune_refuses_what_it_cannot_search():
 
     target = parse_target("cuda:sm_90")
     tuned = ["n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "n=1,h=28,w=28,c=32,k=32,kh=3,kw=3,pad_h=1,pad_w=1,groups=32"]
-    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=tuned), target)] == \
+    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only=None), target)] == \
         [parse_spec(s).to_string() for s in tuned]
     with pytest.raises(UserError, match="splits its reduction"):
-        _specs_to_tune(argparse.Namespace(model=None, spec=["n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"]), target)
+        _specs_to_tune(argparse.Namespace(model=None, spec=["n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"], only=None), target)
+    with pytest.raises(UserError, match="--only: takes --model"):
+        _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only="pairs"), target)
 
 
 def test_a_conv_without_parameters_is_measured_once(tmp_path):

@@ -144,9 +144,10 @@ def _tune(args) -> int:
 def _specs_to_tune(args, target) -> list:
     """The specs of --spec, or of --model: its pairs that fuse, its single convs, then its pairs that the
     rule could fuse but its policy runs as single convs (with records of both forms, measurement
-    decides what a build runs), each group the most work first. A conv on a rule without parameters (CUDA cores) is measured once,
-    for that decision. Not tuned: a single conv whose default splits its reduction over two kernels
-    (a tuned config runs whole, and the split is not searched yet): --spec of one is a one-line error."""
+    decides what a build runs), each group the most work first; --only keeps the pairs or the convs. A
+    conv on a rule without parameters (CUDA cores) is measured once, for that decision. Not tuned: a
+    single conv whose default splits its reduction over two kernels (a tuned config runs whole, and the
+    split is not searched yet): --spec of one is a one-line error."""
     from .frontend.model import analyze
     from .frontend.rewrite import pairs_of
     from .op.kind import parse_spec
@@ -157,6 +158,8 @@ def _specs_to_tune(args, target) -> list:
         return kind_of(spec) != PAIR and len(planned.kernels) > 1
 
     if not args.model:
+        if args.only:
+            raise UserError("--only: takes --model (it picks among the model's specs)")
         specs = [parse_spec(s) for s in args.spec]
         for spec in specs:
             if split(spec, plan(spec, target)):
@@ -173,7 +176,7 @@ def _specs_to_tune(args, target) -> list:
     print(f"{args.model}: {len(fused)} distinct fused pair(s), {len(convs)} distinct single conv(s), and "
           f"{len(unfused)} pair(s) the rule's policy runs unfused (tuned fused too: measurement decides)"
           + (f"; {untuned} single conv(s) not tuned (split-K by default)" if untuned else ""))
-    return fused + convs + unfused
+    return {"pairs": fused + unfused, "convs": convs}.get(args.only, fused + convs + unfused)
 
 
 def _by_work(specs: list) -> list:
@@ -385,6 +388,8 @@ def make_parser() -> argparse.ArgumentParser:
     what = tune.add_mutually_exclusive_group(required=True)
     what.add_argument("--spec", action="append", help="a fused op spec to tune (repeat for several)")
     what.add_argument("--model", help="MODEL.onnx: tune every distinct fused pair it has (float16)")
+    tune.add_argument("--only", choices=["pairs", "convs"], help="with --model: only its pairs (those that fuse, then those "
+                      "its policy runs unfused), or only its single convs")
     tune.add_argument("--target", default="cuda", help="cuda (the local GPU) or cuda:sm_XX; measuring needs that GPU")
     tune.add_argument("--trials", type=int, default=64, help="trials per spec in total: a rerun continues up to it (default 64)")
     tune.add_argument("--db", required=True, metavar="DIR", help="the tuning database (created if missing; MetaSchedule's JSON files)")
