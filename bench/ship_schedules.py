@@ -3,7 +3,9 @@ with specs.txt and a README (workloads, trials, date, TVM version).
 
 On the GPU machine it was tuned on:  python3 bench/ship_schedules.py DB [DB ...] [--top 3]
 Elsewhere, name the GPU:             python3 bench/ship_schedules.py DB... --gpu "NVIDIA H200" --arch sm_90
-Several databases are merged first (e.g. the shipped one and a new tuning run).
+Several databases are merged first (e.g. the shipped one and a new tuning run). Only records of the
+workloads that the listed specs build now ship (a kernel whose PrimFunc changed leaves its old
+records behind); --drop SPEC ships none of a spec.
 """
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ def main() -> int:
     parser.add_argument("--gpu", help="the GPU's name as CUDA reports it (default: the one the databases were measured "
                         "on, else the local GPU's)")
     parser.add_argument("--arch", help="its arch, sm_XX (default: as for --gpu)")
+    parser.add_argument("--drop", action="append", default=[], metavar="SPEC",
+                        help="ship no records of this spec (e.g. one whose record is slower than a newer default)")
     args = parser.parse_args()
     import tvm
 
@@ -75,10 +79,13 @@ def main() -> int:
     for path in (tmp, merged):
         shutil.rmtree(path, ignore_errors=True)
     database.merge(args.db, merged)
-    kept = database.prune(merged, tmp, args.top)
-    source = database.TuningDatabase(merged)
-    specs = [parse_spec(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]  # pairs and single convs
     target = parse_target(f"cuda:{arch}")
+    dropped = {parse_spec(s) for s in args.drop}
+    specs = [parse_spec(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]  # pairs and single convs
+    specs = [s for s in specs if s not in dropped]
+    # the workloads the specs build now: records of a kernel since changed (another PrimFunc) are not shipped
+    kept = database.prune(merged, tmp, args.top, [rule_for(target, kind_of(s), s).workload(s) for s in specs])
+    source = database.TuningDatabase(merged)
     # trials: those the shipped README counted, plus the records of the other (new) databases
     readme = os.path.join(out, "README.md")
     before = _shipped_trials(readme)

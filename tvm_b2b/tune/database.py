@@ -330,14 +330,16 @@ def merge(sources, destination) -> None:
             record_specs(destination, [parse_spec(s) for s in (Path(source) / "specs.txt").read_text().split()])
 
 
-def prune(source, destination, top: int = 3) -> int:
-    """Copies the `top` fastest valid records of each workload of `source` into a new database
-    at `destination` (what ships in schedules/); returns how many."""
+def prune(source, destination, top: int = 3, workloads=None) -> int:
+    """Copies the `top` fastest valid records of each workload of `source` (of those among
+    `workloads`, IRModules, where given) into a new database at `destination` (what ships in
+    schedules/); returns how many."""
     src, dst = TuningDatabase(source), TuningDatabase(destination, lock=True)
     seen, count = set(), 0
+    wanted = None if workloads is None else {_key(mod) for mod in workloads}
     for record in src.get_all_tuning_records():
         key = _key(record.workload.mod)
-        if key in seen:
+        if key in seen or (wanted is not None and key not in wanted):
             continue
         seen.add(key)
         workload = dst.commit_workload(record.workload.mod)
