@@ -99,7 +99,7 @@ def tvm_b2b_row(path: str, batch: int, work: str, cuda_graph: bool) -> dict:
                 convs={k: kernels.count(k) for k in dict.fromkeys(kernels)})
 
 
-def breakdown(lib: str, batch: int, runs: int = 10, top: int = 25) -> list[str]:
+def breakdown(lib: str, batch: int, runs: int = 10, top: int = 40) -> list[str]:
     """Where the time goes: the compiled model run `runs` times under PyTorch's profiler (CUPTI sees
     every kernel of the process, TVM's too, also inside a CUDA graph); µs per inference summed per
     kernel, the `top` ones and the total (copies of the input and output included as memcpy)."""

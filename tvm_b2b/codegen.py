@@ -13,16 +13,40 @@ from .lower import pass_config, register_pipeline
 from .target import target_info
 
 
-def compile_module(mod, target, cuda_graph: bool = False):
+def compile_module(mod, target, cuda_graph: bool = False, rules=()):
     """tvm.compile(mod) with our lowering pipeline (tvm_b2b.lower: TVM's, plus the shared-memory
     planning of our kernels that TVM 0.27 gets wrong). cuda_graph (a Relax module on CUDA): the
     static part of each function is captured as one CUDA graph on its first run and replayed after
-    (TVM's RewriteCUDAGraph): one launch instead of one per kernel through the VM."""
+    (TVM's RewriteCUDAGraph): one launch instead of one per kernel through the VM. rules (a Relax
+    module on CUDA): dlight rules asked before TVM's own for the kernels that TVM legalizes."""
     config = pass_config(target)
-    if cuda_graph and target_info(target).is_cuda:
+    cuda = target_info(target).is_cuda
+    if cuda_graph and cuda:
         config["relax.backend.use_cuda_graph"] = True
+    pipeline = _cuda_relax_pipeline(target, rules) if rules and cuda else "default"
     with tvm.transform.PassContext(config=config), _cuda_source_rewrites(target):
-        return tvm.compile(mod, target=target, tir_pipeline=register_pipeline())
+        return tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=register_pipeline())
+
+
+def _cuda_relax_pipeline(target, rules):
+    """TVM 0.27's Relax pipeline for CUDA (relax.backend.cuda.pipeline) with `rules` asked first
+    where it schedules the legalized kernels (dlight's ApplyDefaultSchedule)."""
+    from tvm import relax
+    from tvm.relax.backend.cuda import pipeline as cuda
+    from tvm.s_tir import dlight as dl
+
+    legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+                relax.transform.FuseOps(), relax.transform.FuseTIR(),
+                dl.ApplyDefaultSchedule(*rules, dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                        dl.gpu.Fallback())]
+    passes = cuda.library_dispatch_passes(target) + legalize + cuda.dataflow_lower_passes(target) + cuda.finalize_passes(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="TvmB2bCudaPipeline")
+    def pipeline(mod, _ctx):
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return pipeline
 
 
 def generated_source(executable, target) -> str:

@@ -60,13 +60,14 @@ def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | N
     cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static).
     progress: called with a line per stage (tvm-b2b compile prints them on stderr)."""
     from ..codegen import compile_module, generated_source
+    from ..schedule import legalized_rules
     from .rewrite import conv_kernels, fuse_pairs, pairs_of
 
     say = progress or (lambda line: None)
     mod, pairs, model = analyze(path, target, fuse, dtype, db, progress=say)
     mod, _ = fuse_pairs(mod, target, pairs)
     say("building the model (TVM: the other ops, code generation)")
-    executable = compile_module(mod, target, cuda_graph=cuda_graph)
+    executable = compile_module(mod, target, cuda_graph=cuda_graph, rules=legalized_rules(target))
     if emit_source:
         with open(emit_source, "w") as f:
             f.write(generated_source(executable, target))

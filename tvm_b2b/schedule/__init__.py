@@ -7,7 +7,8 @@ cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel 
   - plan(spec, info, config, fused, policy, unfused) -> Plan: the op's kernels, scheduled, and whether they run
     it fused. The rule's plan is the one place that decides that (its shared memory, its epilogue
     fallback, and with `policy` the measured rule of when fusing pays).
-`RULES` names the rules of each (op kind, target kind) in the order they are asked; `plan` below
+`RULES` names the rules of each (op kind, target kind) in the order they are asked (`LEGALIZED_RULES`
+those of the ops TVM legalizes: `cuda_pool`, `cuda_layout`); `plan` below
 picks the first that can implement the spec (as dlight tries its rules); `info` is the target's TargetInfo.
 """
 from __future__ import annotations
@@ -42,6 +43,19 @@ RULES = {
     (CONV, "llvm"): ("cpu_conv",),
     (CONV, "cuda"): ("cuda_conv", "cuda_grouped_conv"),
 }
+
+
+# dlight rules (TVM's `apply(func, target, tunable) -> Schedule | None`) of the ops TVM legalizes in a
+# model (pools, layout changes), per target kind: a model's build asks them before TVM's own
+LEGALIZED_RULES = {"cuda": ("cuda_pool", "cuda_layout")}
+
+
+def legalized_rules(target) -> list:
+    """The dlight rules of our own for the ops TVM legalizes on `target` (none where it has none)."""
+    import importlib
+
+    modules = LEGALIZED_RULES.get(target_info(target).kind, ())
+    return [importlib.import_module(f"{__name__}.{module}").RULE for module in modules]
 
 
 def kind_of(spec) -> str:
