@@ -18,6 +18,7 @@
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
+#   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
 #                                            the machine: carry ".devcarry/wheels" made by `pip download -d .devcarry/wheels tornado`)
 # The tuning database lives in .tune/db (git-ignored): carry ".tune" with tvm2 to resume one made earlier.
@@ -130,6 +131,9 @@ case "$1" in
     for c in ${CASES:-}; do specs+=(--spec "$c"); done
     timeout "${LIMIT:-300}" python3 bench/bench_convs.py "${specs[@]}" "${cfgs[@]}" --json "$out/convs${TAG:-}.json" 2>&1 \
       | tee "$out/convs${TAG:-}.txt" | grep -v "^\s*$"
+    ;;
+  legalized)
+    timeout 120 python3 bench/bench_legalized.py --json "$out/legalized.json" 2>&1 | tee "$out/legalized.txt" | tail -6
     ;;
   rpc)
     timeout 400 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_rpc.py > "$out/gpu_tests_rpc.log" 2>&1

@@ -101,17 +101,18 @@ STRIDED_FEW_CHANNELS = st.builds(
 
 
 @settings(max_examples=25, deadline=None)
-@given(spec=STRIDED_FEW_CHANNELS, channels=st.sampled_from([None, 32]))
-def test_space_to_depth_form_computes_the_same_conv(spec, channels):
+@given(spec=STRIDED_FEW_CHANNELS, extra=st.sampled_from([0, 5]))
+def test_space_to_depth_form_computes_the_same_conv(spec, extra):
     """InputForm(cells=True): the stride-1 conv of the cells (op.conv.space_to_depth) on x and w as the
     form makes them equals the strided conv (numpy reference, float32: |diff| <= 1e-5 relative to the
     output's largest magnitude), rows or columns that no output reads cut off, zero channels appended."""
     from tvm_b2b.op.conv import InputForm, space_to_depth
 
-    form = InputForm(cells=True, channels=channels)
+    channels = space_to_depth(spec).c + extra
+    form = InputForm(cells=True, channels=channels if extra else None)
     cells = form.spec(spec)
     assert cells.stride == 1 and (cells.pad_h, cells.pad_w) == (0, 0) and cells.out_shape == spec.out_shape
-    assert cells.c == (channels or space_to_depth(spec).c)
+    assert cells.c == channels == spec.c * spec.stride ** 2 + extra
     inputs = conv_random_inputs(spec, seed=4)
     want = conv_reference(spec, **inputs)
     got = conv_reference(cells, form.x(spec, inputs["x"]), form.w(spec, inputs["w"]), inputs["s"], inputs["b"])
@@ -153,6 +154,8 @@ def test_cuda_stem_runs_as_its_space_to_depth_conv():
     assert (kernel_spec(stem).kh, kernel_spec(stem).c, kernel_spec(stem).r, kernel_spec(stem).stride) == (4, 12, 192, 1)
     assert plan(ConvSpec(**KINDS[4], dtype="float16"), target).input_form is None
     assert plan(ConvSpec(n=1, h=8, w=8, c=3, k=8, dtype="float16"), target).input_form == InputForm(channels=4)
+    stride3 = ConvSpec(n=1, h=30, w=30, c=3, k=8, kh=5, kw=5, stride=3, pad_h=2, pad_w=2, dtype="float16")
+    assert plan(stride3, target).input_form == InputForm(cells=True, channels=28)  # 27 channels: 8-byte vectors
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

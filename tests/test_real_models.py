@@ -113,8 +113,12 @@ def test_mobilenet_v2_builds_for_sm90_on_our_kernels(exports, tmp_path):
     pairs = pairs_of(candidates)
     assert len(pairs) == 17 and [p.fused for p in pairs] == [True] + [False] * 16
     assert all("k1=" in p.reason and "single convs" in p.reason for p in pairs[1:])
-    kinds = [c["kernel"] for c in conv_kernels(conv_names(onnx.load(path)), candidates)]
+    convs = conv_kernels(conv_names(onnx.load(path)), candidates)
+    kinds = [c["kernel"] for c in convs]
     assert (len(kinds), kinds.count("fused-pair"), kinds.count("cuda-core"), kinds.count("tensorcore")) == (52, 2, 16, 34)
+    # the 3x3 stride-2 stem of 3 channels as a 2x2 conv of 12 (its 2x2 cells), the report says so
+    assert "space-to-depth stride-1 conv: n=1,h=113,w=113,c=12,k=32,kh=2,kw=2,stride=1" in convs[0]["reason"], convs[0]
+    assert not any("space-to-depth" in c["reason"] for c in convs[1:])
     if "sm_90" not in nvcc_arches():
         pytest.skip("nvcc here cannot compile for sm_90")
     nvcc_compile(source_path.read_text(), "sm_90", tmp_path)

@@ -181,8 +181,10 @@ def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
         if c.kind == PAIR:  # planned pairs are fused ones: the others leave their convs to the single conv
             kernel, reason = "fused-pair", f"fused: {' -> '.join(c.convs)}"
         else:
-            kernel = c.plan.kernel
+            kernel, form = c.plan.kernel, c.plan.input_form
             reason = f"single conv: {c.spec.to_string()}"
+            if form is not None and form.cells:
+                reason += f" (run as its space-to-depth stride-1 conv: {form.spec(c.spec).to_string()})"
         kernels.update({name: (kernel, reason) for name in c.convs})
     reasons = {}
     for c in candidates:  # the last kind's reason is the one that decided

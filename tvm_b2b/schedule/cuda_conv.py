@@ -25,12 +25,17 @@ def input_form(spec: ConvSpec) -> InputForm | None:
     Plan.input_form). A strided conv of fewer than 8 channels (a stem) as its space-to-depth stride-1
     conv: H200, ResNet-50's 7x7 stem at batch 32 153 -> 58 us, at batch 1 12.0 -> 4.8
     (bench/results/convs_h200_s13_stem_s2d.txt; padding its 12 channels to 16 measured the same at
-    batch 32, slower at batch 1). Then fewer than 8 channels padded to 4 or 8, so that each tap's
-    channels load as one 8- or 16-byte vector; 3 channels otherwise gather 2-byte elements (H200,
-    ResNet-50 batch 32: 268 us of 2209, before space-to-depth)."""
+    batch 32, slower at batch 1). Then fewer than 8 channels padded to 4 or 8, and cells' channels to
+    a multiple of 4, so that each tap's channels load as 8- or 16-byte vectors; 3 channels otherwise
+    gather 2-byte elements (H200, ResNet-50 batch 32: 268 us of 2209, before space-to-depth)."""
     cells = spec.stride > 1 and spec.c < 8 and spec.groups == 1
     c = space_to_depth(spec).c if cells else spec.c
-    channels = 4 if c < 4 else 8 if c < 8 else None
+    if c < 8:
+        channels = 4 if c < 4 else 8
+    elif cells and c % 4:  # an odd stride's cells: 27 channels for 3 at stride 3
+        channels = -(-c // 4) * 4
+    else:
+        channels = None
     return InputForm(cells, channels) if cells or channels else None
 
 
