@@ -29,16 +29,18 @@ def compile_module(mod, target, cuda_graph: bool = False, rules=()):
 
 
 def _cuda_relax_pipeline(target, rules):
-    """TVM 0.27's Relax pipeline for CUDA (relax.backend.cuda.pipeline) with `rules` asked first
-    where it schedules the legalized kernels (dlight's ApplyDefaultSchedule)."""
-    from tvm import relax
+    """TVM's Relax pipeline for CUDA (relax.backend.cuda.pipeline) with `rules` asked first where it
+    schedules the legalized kernels (its dlight ApplyDefaultSchedule, given TVM 0.27's rules after ours)."""
     from tvm.relax.backend.cuda import pipeline as cuda
     from tvm.s_tir import dlight as dl
 
-    legalize = [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-                relax.transform.FuseOps(), relax.transform.FuseTIR(),
-                dl.ApplyDefaultSchedule(*rules, dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-                                        dl.gpu.Fallback())]
+    ours = dl.ApplyDefaultSchedule(*rules, dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                   dl.gpu.Fallback())
+    legalize = cuda.legalize_passes(target)
+    scheduling = [i for i, p in enumerate(legalize) if p.info.name == "ApplyDefaultSchedule"]
+    if len(scheduling) != 1:  # a TVM whose pipeline we do not know: say so rather than build without our rules
+        raise RuntimeError(f"TVM's CUDA pipeline has {len(scheduling)} ApplyDefaultSchedule passes (tvm-b2b expects 1)")
+    legalize[scheduling[0]] = ours
     passes = cuda.library_dispatch_passes(target) + legalize + cuda.dataflow_lower_passes(target) + cuda.finalize_passes(target)
 
     @tvm.transform.module_pass(opt_level=0, name="TvmB2bCudaPipeline")

@@ -44,6 +44,13 @@ def cell_grid(spec: ConvSpec) -> tuple[int, int, int, int]:
     return kh, kw, spec.ho + kh - 1, spec.wo + kw - 1
 
 
+def cell_padding(spec: ConvSpec) -> tuple[int, int]:
+    """(rows, columns) of zeros to add below and right of the input, after its own padding, so that
+    it is whole cells (space_to_depth); negative: that many rows or columns no output reads, to cut."""
+    _, _, rows, cols = cell_grid(spec)
+    return spec.stride * rows - spec.h - spec.pad_h, spec.stride * cols - spec.w - spec.pad_w
+
+
 def space_to_depth(spec: ConvSpec) -> ConvSpec:
     """The stride-1 conv that computes the strided conv `spec` on its zero-padded input cut into
     stride x stride pixel cells, each cell's pixels as channels (space-to-depth, as MLPerf's ResNet
@@ -71,10 +78,8 @@ class InputForm:
     def x(self, spec: ConvSpec, x: np.ndarray) -> np.ndarray:
         """x (n, h, w, c) as the kernel takes it."""
         if self.cells:
-            s, (_, _, rows, cols) = spec.stride, cell_grid(spec)
-            widths = [(0, 0), (spec.pad_h, max(0, s * rows - spec.h - spec.pad_h)),
-                      (spec.pad_w, max(0, s * cols - spec.w - spec.pad_w)), (0, 0)]
-            x = np.pad(x, widths)[:, :s * rows, :s * cols]
+            s, (_, _, rows, cols), (bottom, right) = spec.stride, cell_grid(spec), cell_padding(spec)
+            x = np.pad(x, [(0, 0), (spec.pad_h, max(0, bottom)), (spec.pad_w, max(0, right)), (0, 0)])[:, :s * rows, :s * cols]
             x = x.reshape(spec.n, rows, s, cols, s, spec.c).transpose(0, 1, 3, 2, 4, 5).reshape(spec.n, rows, cols, -1)
         return pad_channels(x, self.spec(spec).c - x.shape[3], 3)
 

@@ -13,7 +13,7 @@ import numpy as np
 from tvm import relax
 
 from .activation import relax_const, relax_op
-from .conv import OP_KIND, ConvSpec, InputForm, cell_grid
+from .conv import OP_KIND, ConvSpec, InputForm, cell_grid, cell_padding
 from .pattern import Graph, affine_forward, chain, dtype_of, epilogue, shape_of, weight_shape
 from .reference import np_dtype
 
@@ -64,8 +64,7 @@ def input_in_form(form: InputForm, spec: ConvSpec, x, emit):
     appended (injective ops, which TVM fuses into one kernel with whatever makes x)."""
     channels = spec.c
     if form.cells:
-        s, (_, _, rows, cols) = spec.stride, cell_grid(spec)
-        bottom, right = s * rows - spec.h - spec.pad_h, s * cols - spec.w - spec.pad_w
+        s, (_, _, rows, cols), (bottom, right) = spec.stride, cell_grid(spec), cell_padding(spec)
         x = emit(relax.op.nn.pad(x, [0, 0, spec.pad_h, max(0, bottom), spec.pad_w, max(0, right), 0, 0]))
         if min(bottom, right) < 0:  # rows or columns that no output reads
             x = emit(relax.op.strided_slice(x, axes=[1, 2], begin=[0, 0], end=[s * rows, s * cols]))
