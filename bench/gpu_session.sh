@@ -17,6 +17,8 @@
 #                                            64->64->128; any op kind, e.g. a conv with KERNEL=conv), tuned record then each CFG
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
+#   bash bench/gpu_session.sh hopper         bench/experiments/hopper_conv1x1.py (TMA + wgmma 1x1 conv): its GPU test vs numpy, then
+#                                            ResNet-50's batch-32 1x1 convs against the product's kernel and cuDNN (~5 min)
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
@@ -96,6 +98,12 @@ case "$1" in
       timeout 130 python3 bench/experiments/halo_tile.py --fused --case "n=32,h=56,w=56,c=64,k1=64,$1,dtype=float16" \
         --config "$2" 2>&1 | tail -3 | tee -a "$out/halo_fused.txt"
     done
+    ;;
+  hopper)
+    timeout 150 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_hopper_experiment.py 2>&1 \
+      | tee "$out/gpu_tests_hopper.log" | tail -8
+    timeout 400 python3 bench/experiments/hopper_conv1x1.py ${CASES:+$(printf -- '--spec %s ' $CASES)} 2>&1 | tee "$out/hopper_conv1x1.txt" \
+      | grep -v "^\s*$"
     ;;
   ncu)
     shift
