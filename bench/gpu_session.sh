@@ -17,8 +17,10 @@
 #                                            64->64->128; any op kind, e.g. a conv with KERNEL=conv), tuned record then each CFG
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
-#   bash bench/gpu_session.sh hopper         bench/experiments/hopper_conv1x1.py (TMA + wgmma 1x1 conv): its GPU test vs numpy, then
-#                                            ResNet-50's batch-32 1x1 convs against the product's kernel and cuDNN (~5 min)
+#   bash bench/gpu_session.sh hopper         the sm_90 TMA + wgmma 1x1 conv (schedule/cuda_hopper_conv.py): its GPU tests (vs numpy,
+#                                            a model vs onnxruntime), then bench/experiments/hopper_conv1x1.py: ResNet-50's batch-32
+#                                            1x1 convs, each config against the mma.sync kernel and cuDNN (~6 min)
+#   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1, then without, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
@@ -100,10 +102,16 @@ case "$1" in
     done
     ;;
   hopper)
-    timeout 150 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_hopper_experiment.py 2>&1 \
+    timeout 200 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_cuda_hopper_conv.py 2>&1 \
       | tee "$out/gpu_tests_hopper.log" | tail -8
     timeout 400 python3 bench/experiments/hopper_conv1x1.py ${CASES:+$(printf -- '--spec %s ' $CASES)} 2>&1 | tee "$out/hopper_conv1x1.txt" \
       | grep -v "^\s*$"
+    ;;
+  hoppere2e)
+    for on in 1 0; do
+      TVM_B2B_HOPPER=$on timeout 280 python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
+        --out "$out/e2e_h200_hopper$on" 2>&1 | grep -v "^\s*$" | tail -25
+    done
     ;;
   ncu)
     shift

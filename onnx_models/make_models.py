@@ -167,6 +167,12 @@ def projection(g: Graph):  # ResNet's downsample block: the shortcut conv's outp
     return g.relu(g.add(y, g.conv("x", 16, 32, 1, 2, pad=0)))
 
 
+def wide_1x1(g: Graph):  # a projection block of 64+ channels: its single 1x1 convs are wide enough for sm_90's TMA + wgmma
+    y = g.relu(g.conv("x", 64, 64, 1))
+    y = g.conv(g.relu(g.conv(y, 64, 64, 3)), 64, 128, 1)
+    return g.relu(g.add(y, g.conv("x", 64, 128, 1, pad=0)))
+
+
 def mini_resnet(g: Graph):  # three bottleneck tails, one with stride 2, plus a stem and a head
     x = g.relu(g.conv("x", 16, 32, 1))
     x = torch_bottleneck(g, x, 32, 32)
@@ -209,6 +215,7 @@ MODELS = {
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),
     "mini_resnet": (mini_resnet, (2, 16, 16, 16), 3, 3),
     "projection": (projection, (1, 16, 8, 8), 1, 1),
+    "wide_1x1": (wide_1x1, (2, 64, 10, 9), 1, 1),
 }
 
 

@@ -197,8 +197,6 @@ def test_a_kernel_output_taken_as_a_residual_is_not_copied(model_dir):
     the stride-2 1x1 conv's) takes that output itself, not a reshape of its reshaped view: TVM fuses two
     reshapes into a copy kernel (ResNet-50 at batch 32 had four). Every op's kernel output appears in
     the rewritten graph as a reshape to NHWC only."""
-    from tvm import relax
-
     from tvm_b2b.frontend.rewrite import fuse_pairs
     from tvm_b2b.op.activation import relax_op
 

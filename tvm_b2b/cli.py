@@ -147,35 +147,40 @@ def _specs_to_tune(args, target) -> list:
     decides what a build runs), each group the most work first; --only keeps the pairs or the convs. A
     conv on a rule without parameters (CUDA cores) is measured once, for that decision. Not tuned: a
     single conv whose default splits its reduction over two kernels (a tuned config runs whole, and the
-    split is not searched yet): --spec of one is a one-line error."""
+    split is not searched yet), or whose kernel is written rather than scheduled (the Hopper rule's: no
+    MetaSchedule trace to search or record): --spec of one is a one-line error."""
     from .frontend.model import analyze
     from .frontend.rewrite import pairs_of
     from .op.kind import parse_spec
     from .op.spec import OP_KIND as PAIR
     from .schedule import kind_of, plan
 
-    def split(spec, planned) -> bool:
-        return kind_of(spec) != PAIR and len(planned.kernels) > 1
+    def untunable(spec, planned) -> str | None:
+        if kind_of(spec) != PAIR and len(planned.kernels) > 1:
+            return "by default it splits its reduction over two kernels (split-K), which tuning does not search yet"
+        if not planned.schedules:
+            return "its kernel is written, not scheduled (sm_90's TMA + wgmma): there is nothing to search"
+        return None
 
     if not args.model:
         if args.only:
             raise UserError("--only: takes --model (it picks among the model's specs)")
         specs = [parse_spec(s) for s in args.spec]
         for spec in specs:
-            if split(spec, plan(spec, target)):
-                raise UserError(f"--spec: {spec.to_string()}: by default it splits its reduction over two kernels "
-                                "(split-K), which tuning does not search yet")
+            why = untunable(spec, plan(spec, target))
+            if why:
+                raise UserError(f"--spec: {spec.to_string()}: {why}")
         return specs
     _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
     pairs = pairs_of(candidates)
     fused = _by_work([p.spec for p in pairs if p.fused])
     unfused = _by_work([p.spec for p in pairs if p.fusable and not p.fused])
     singles = [c for c in candidates if c.kind != PAIR and c.plan is not None]
-    convs = _by_work([c.spec for c in singles if not split(c.spec, c.plan)])
+    convs = _by_work([c.spec for c in singles if not untunable(c.spec, c.plan)])
     untuned = len({c.spec for c in singles}) - len(convs)
     print(f"{args.model}: {len(fused)} distinct fused pair(s), {len(convs)} distinct single conv(s), and "
           f"{len(unfused)} pair(s) the rule's policy runs unfused (tuned fused too: measurement decides)"
-          + (f"; {untuned} single conv(s) not tuned (split-K by default)" if untuned else ""))
+          + (f"; {untuned} single conv(s) not tuned (split-K by default, or a written kernel)" if untuned else ""))
     return {"pairs": fused + unfused, "convs": convs}.get(args.only, fused + convs + unfused)
 
 

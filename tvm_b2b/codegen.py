@@ -9,7 +9,7 @@ import os
 import tvm
 import tvm_ffi
 
-from .lower import pass_config, register_pipeline
+from .lower import has_tirx_kernels, pass_config, register_pipeline
 from .target import target_info
 
 
@@ -21,6 +21,10 @@ def compile_module(mod, target, cuda_graph: bool = False, rules=()):
     module on CUDA): dlight rules asked before TVM's own for the kernels that TVM legalizes."""
     config = pass_config(target)
     cuda = target_info(target).is_cuda
+    target = target_info(target).target
+    if cuda and has_tirx_kernels(mod) and str(target.attrs.get("arch", "")) == "sm_90":
+        # wgmma and its kin are sm_90a's (arch-specific): NVRTC/nvcc compile for sm_90a, which runs only on sm_90
+        target = tvm.target.Target({**target.export(), "arch": "sm_90a"})
     if cuda_graph and cuda:
         config["relax.backend.use_cuda_graph"] = True
     pipeline = _cuda_relax_pipeline(target, rules) if rules and cuda else "default"

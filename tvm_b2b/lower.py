@@ -25,6 +25,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 POOL_ATTR = "tvm_b2b.pool_shared_memory"
+TIRX_ATTR = "tvm_b2b.tirx"  # a kernel written in TIRx script (schedule.cuda_hopper_conv): TVM's TIRx pipeline lowers it
 POOL_SCOPE = "shared.dyn"
 POOL_NAME = "b2b_shared_pool"
 ALIGN = 128  # bytes: every view starts on a 128-byte boundary (cp.async, ldmatrix and WMMA need 16-32)
@@ -433,12 +434,29 @@ def _pipeline():
             tirx.transform.MakePackedAPI(), tirx.transform.FP8StorageLegalize(),
             tirx.transform.BF16StorageLegalize(),
         ]
-        return tvm.ir.transform.Sequential(passes)(mod)
+        return _lower_tirx_apart(tvm.ir.transform.Sequential(passes), mod)
 
     def device_passes():
         return tvm.ir.transform.Sequential([LowerAllWarpMemory, *finalize_device_passes().passes])
 
     return run, finalize_host_passes, device_passes
+
+
+def has_tirx_kernels(mod) -> bool:
+    return any(isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get(TIRX_ATTR) for f in mod.functions.values())
+
+
+def _lower_tirx_apart(passes, mod):
+    """mod lowered by `passes`, except its kernels written in TIRx script (TIRX_ATTR), which TVM's TIRx pipeline
+    lowers (T.device_entry, T.cta_id, ... are TIRx's: the s_tir passes do not know them); one module again."""
+    if not has_tirx_kernels(mod):
+        return passes(mod)
+    from tvm.tirx.compilation_pipeline import tirx_pipeline
+
+    written = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get(TIRX_ATTR)}
+    lowered = passes(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in written}, attrs=mod.attrs))
+    lowered.update(tirx_pipeline()[0](tvm.IRModule(written, attrs=mod.attrs)))
+    return lowered
 
 
 def _has_warp_memory(func) -> bool:

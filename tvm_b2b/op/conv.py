@@ -65,10 +65,13 @@ def space_to_depth(spec: ConvSpec) -> ConvSpec:
 class InputForm:
     """How a kernel takes a conv's x and w when not as the spec gives them: with `cells`, as
     space_to_depth(spec)'s; then with `channels` more channels than that, zeros appended (wider
-    vector loads). The transforms of x are injective (a model fuses them into the op that makes x)."""
+    vector loads). The transforms of x are injective (a model fuses them into the op that makes x).
+    `weights` "kc": w as (k, kh*kw*c), each output channel's weights contiguous (the Hopper kernel's K-major
+    operand; a model's weights are constants, so this costs nothing at run time)."""
 
     cells: bool = False
     channels: int | None = None
+    weights: str = "hwio"
 
     def spec(self, spec: ConvSpec) -> ConvSpec:
         """The conv the kernel computes."""
@@ -84,12 +87,15 @@ class InputForm:
         return pad_channels(x, self.spec(spec).c - x.shape[3], 3)
 
     def w(self, spec: ConvSpec, w: np.ndarray) -> np.ndarray:
-        """w (kh, kw, c, k) as the kernel takes it (zero taps fill the last cells)."""
+        """w (kh, kw, c, k) as the kernel takes it (zero taps fill the last cells; (k, kh*kw*c) with weights="kc")."""
         if self.cells:
             s, (kh, kw, _, _) = spec.stride, cell_grid(spec)
             w = np.pad(w, [(0, s * kh - spec.kh), (0, s * kw - spec.kw), (0, 0), (0, 0)])
             w = w.reshape(kh, s, kw, s, spec.c, spec.k).transpose(0, 2, 1, 3, 4, 5).reshape(kh, kw, -1, spec.k)
-        return pad_channels(w, self.spec(spec).c - w.shape[2], 2)
+        w = pad_channels(w, self.spec(spec).c - w.shape[2], 2)
+        if self.weights == "kc":  # (k, kh*kw*c): each output channel's weights in one row, taps then channels
+            w = np.ascontiguousarray(w.reshape(-1, w.shape[3]).T)
+        return w
 
 
 def pixel(spec, m):

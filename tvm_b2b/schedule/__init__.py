@@ -1,5 +1,5 @@
 """Schedule rules of the op kinds, one per template and file: `cpu`, `cpu_conv` (llvm), `cuda_wmma`,
-`cuda_conv` (tensor cores), `cuda_grouped_pair` (a grouped 3x3 on CUDA cores feeding a 1x1 on tensor
+`cuda_conv` (tensor cores), `cuda_hopper_conv` (sm_90's TMA + wgmma, 1x1 convs; off by default), `cuda_grouped_pair` (a grouped 3x3 on CUDA cores feeding a 1x1 on tensor
 cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel with its
 `can_implement`, dlight's rule) with:
   - name, and can_implement(spec, info) -> why it cannot run the spec on that target, or None;
@@ -41,7 +41,7 @@ RULES = {
     (OP_KIND, "llvm"): ("cpu",),
     (OP_KIND, "cuda"): ("cuda_wmma", "cuda_grouped_pair"),
     (CONV, "llvm"): ("cpu_conv",),
-    (CONV, "cuda"): ("cuda_conv", "cuda_grouped_conv"),
+    (CONV, "cuda"): ("cuda_hopper_conv", "cuda_conv", "cuda_grouped_conv"),
 }
 
 
@@ -67,8 +67,8 @@ def kind_of(spec) -> str:
 
 def rule_for(target, kind: str = OP_KIND, spec=None):
     """The schedule rule of an op kind on a target's kind: the first of RULES that can implement
-    `spec` (the first when none can, or no spec is given: its can_implement then says why; ValueError
-    where the target kind has none)."""
+    `spec` (when none can, or no spec is given, the first that is not `optional`, a rule for some specs
+    only: its can_implement then says why; ValueError where the target kind has none)."""
     import importlib
 
     info = target_info(target)
@@ -76,9 +76,10 @@ def rule_for(target, kind: str = OP_KIND, spec=None):
     if modules is None:
         raise ValueError(f"target: no schedule for {kind} on {info.kind} targets (use llvm or cuda)")
     rules = [importlib.import_module(f"{__name__}.{module}").RULE for module in modules]
+    main = next(r for r in rules if not getattr(r, "optional", False))
     if spec is None:
-        return rules[0]
-    return next((r for r in rules if r.can_implement(spec, info) is None), rules[0])
+        return main
+    return next((r for r in rules if r.can_implement(spec, info) is None), main)
 
 
 def plan(spec, target, fused: bool = True, config=None, policy: bool = False,

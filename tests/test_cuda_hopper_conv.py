@@ -1,0 +1,180 @@
+"""schedule/cuda_hopper_conv.py: sm_90's 1x1 conv on TMA + wgmma, written in TIRx script (off unless TVM_B2B_HOPPER=1).
+CPU: which convs it takes and why not, the (k, c) weights it is given, its kernel's Hopper instructions and an
+nvcc sm_90a compile of it alone and inside a whole model. GPU (sm_90 only): the kernel vs numpy, a model vs
+onnxruntime. What it measures: `bash bench/gpu_session.sh hopper`."""
+import numpy as np
+import pytest
+
+from cuda_source import kernels, nvcc_arches, nvcc_compile
+from tvm_b2b import ConvSpec, build
+from tvm_b2b.op import compare
+from tvm_b2b.op.conv import InputForm, conv_random_inputs, conv_reference
+from tvm_b2b.schedule import plan, rule_for
+from tvm_b2b.schedule import cuda_hopper_conv as hopper
+from tvm_b2b.target import parse_target, target_info
+
+SM90 = parse_target("cuda:sm_90")
+# 1x1 stride 1: rows past m (126 and 441 pixels: not multiples of the tiles), a residual, reductions of 1, 4 and 5
+# steps (5 > 3 buffers: the ring wraps), several channel blocks, relu6 and no activation; whole output rows: 3x3
+# stride 1 (9 taps read as boxes at their offsets, the padding read outside x), c not a multiple of 64, a block of
+# rows that overhangs the image (14 rows in blocks of 9), a 1x1 stride 2 (x's strided view), a 7x7 conv
+CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
+         ("n=1,h=21,w=21,c=256,k=256,residual=1,act=relu6", "bm=128,bn=128,stages=3"),
+         ("n=3,h=5,w=6,c=320,k=512,act=none", "bm=64,bn=256,stages=3"), ("n=2,h=14,w=14,c=72,k=64", "bm=128,bn=64,stages=2"),
+         ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=128,stages=4"),
+         ("n=1,h=10,w=13,c=40,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3"),
+         ("n=2,h=15,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),
+         ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4")]
+
+
+def spec_of(text: str) -> ConvSpec:
+    return ConvSpec.parse(text + ",dtype=float16")
+
+
+@pytest.fixture
+def hopper_on(monkeypatch):
+    monkeypatch.setenv(hopper.ENABLE_ENV, "1")
+
+
+@pytest.mark.parametrize("case,why", [
+    ("n=1,h=8,w=8,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,stride=2", "a strided 3x3 conv"), ("n=1,h=8,w=8,c=64,k=64,groups=2", "groups=2"),
+    ("n=1,h=8,w=8,c=60,k=64", "c=60, k=64"), ("n=1,h=8,w=8,c=64,k=96", "c=64, k=96"),
+    ("n=1,h=8,w=200,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "200 output columns")])
+def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
+    """A strided 3x3 conv, a grouped conv, c not a multiple of 8, k not of 64, output rows wider than a block: a
+    reason, and cuda_conv's rule takes the conv."""
+    spec = spec_of(case)
+    assert why in hopper.RULE.can_implement(spec, target_info(SM90))
+    assert rule_for(SM90, "conv2d", spec).name != hopper.RULE.name
+    with pytest.raises(ValueError, match=why):
+        hopper.conv_func(spec, hopper.HopperConfig())
+
+
+def test_rule_is_off_by_default_and_sm90_only(monkeypatch):
+    """Without TVM_B2B_HOPPER=1 (not measured yet) and on sm_80 even with it: cuda_conv's kernel, with the reason."""
+    spec, info = spec_of("n=1,h=8,w=8,c=64,k=128"), target_info(SM90)
+    monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
+    assert "off by default" in hopper.RULE.can_implement(spec, info)
+    assert plan(spec, SM90).kernels[0].attrs.get(hopper.TIRX_ATTR) is None
+    monkeypatch.setenv(hopper.ENABLE_ENV, "1")
+    assert "need sm_90" in hopper.RULE.can_implement(spec, target_info(parse_target("cuda:sm_80")))
+    planned = plan(spec, SM90)
+    assert planned.kernels[0].attrs[hopper.TIRX_ATTR] and planned.input_form == InputForm(weights="kc")
+
+
+def test_kc_weights_are_each_output_channels_row():
+    """InputForm(weights="kc") of (kh, kw, c, k) weights: (k, kh*kw*c), row k the weights of output channel k, taps
+    then channels."""
+    spec = spec_of("n=1,h=4,w=4,c=16,k=64,kh=3,kw=3,pad_h=1,pad_w=1")
+    w = conv_random_inputs(spec)["w"]
+    kc = InputForm(weights="kc").w(spec, w)
+    assert kc.shape == (64, 9 * 16) and kc.flags.c_contiguous
+    np.testing.assert_array_equal(kc[5, 16 * 4: 16 * 5], w[1, 1, :, 5])
+
+
+@pytest.mark.parametrize("case,bm,rows,blocks", [("n=2,h=56,w=56,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 128, 2, 56),
+                                                 ("n=1,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 128, 7, 2),
+                                                 ("n=3,h=7,w=7,c=64,k=64,stride=2", 64, 4, 3),
+                                                 ("n=1,h=7,w=9,c=64,k=64", 128, 1, 1)])
+def test_tiling_takes_whole_rows_spread_evenly(case, bm, rows, blocks):
+    """Whole output rows per block, as many as bm holds, spread evenly over each image's blocks (14 rows: 7 + 7,
+    not 9 + 5); a stride-1 1x1 conv: any bm consecutive pixels."""
+    tiling = hopper.Tiling(spec_of(case), bm)
+    assert (tiling.rows if not hopper.flat(tiling.spec) else 1, tiling.blocks) == (rows, blocks)
+
+
+@pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7])
+def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
+    """One kernel of 128 * (bm / 64 + 1) threads taking three tensor maps; its CUDA issues TMA loads (x's 4-d boxes,
+    w's 2-d ones) and a TMA store, waits on mbarriers and multiplies with wgmma m64n{bn}k16; nvcc compiles it for
+    sm_90a. A 1x1, a 3x3 and a strided 1x1 conv."""
+    cfg = hopper.HopperConfig.parse(config)
+    source = build(spec_of(case), "cuda:sm_90", config=config, db=None).source()
+    (params,) = kernels(source).values()
+    assert params.count("__grid_constant__ CUtensorMap") == 3
+    assert f"__launch_bounds__({128 * (cfg.bm // 64 + 1)})" in source
+    for instruction in (f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16", "cp.async.bulk.tensor.2d.shared::cluster",
+                        "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta", "mbarrier.try_wait.parity", "wgmma.wait_group"):
+        assert instruction in source, instruction
+    assert "wait_group_sync_aligned_1" in source  # one step's wgmma in flight while the next is issued (2+ buffers)
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("the local nvcc has no sm_90")
+    nvcc_compile(source, "sm_90a", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,config", CASES)
+def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
+    """On an sm_90 GPU: within the conv's float16 tolerance of numpy (op.reference.TOLERANCES), every pixel written."""
+    import tvm
+
+    if tvm.cuda(0).compute_version != "9.0":
+        pytest.skip("needs an sm_90 GPU (wgmma and TMA)")
+    spec = spec_of(case)
+    kernel = build(spec, "cuda", config=config, db=None)
+    assert kernel.func_names == ["conv2d_wgmma"]
+    arrays = conv_random_inputs(spec, seed=4)
+    err, ok = compare(spec, kernel(**arrays), conv_reference(spec, **arrays))
+    assert ok, f"max abs error {err}"
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """make_models' wide_1x1: a projection block of 64 and 128 channels (two single 1x1 convs, one pair)."""
+    import os
+    import sys
+
+    import onnx
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "onnx_models"))
+    import make_models
+
+    path = tmp_path_factory.mktemp("hopper") / "wide_1x1.onnx"
+    onnx.save(make_models.make("wide_1x1"), str(path))
+    return str(path)
+
+
+def test_model_runs_its_1x1_convs_on_wgmma_and_compiles(hopper_on, wide_model, tmp_path):
+    """Build-only: the model's two single 1x1 convs get the Hopper kernel (the report says so), lowered with
+    TVM's TIRx pipeline beside the other kernels; the whole model's CUDA compiles for sm_90a."""
+    from tvm_b2b.codegen import compile_module, generated_source
+    from tvm_b2b.frontend.model import analyze, conv_names
+    from tvm_b2b.frontend.rewrite import conv_kernels, fuse_pairs
+
+    mod, candidates, model = analyze(wide_model, SM90, dtype="float16", db=None)
+    convs = conv_kernels(conv_names(model), candidates)
+    assert [c["kernel"] for c in convs] == ["tensorcore", "fused-pair", "fused-pair", "tensorcore"], convs
+    assert sum("TMA + wgmma" in c["reason"] for c in convs) == 2, convs
+    source = generated_source(compile_module(fuse_pairs(mod, SM90, candidates)[0], SM90), SM90)
+    assert source.count("wgmma.mma_async") >= 2 and len([k for k in kernels(source) if "wgmma" not in k]) >= 1
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(source, "sm_90a", tmp_path)
+
+
+@pytest.mark.gpu
+def test_model_with_wgmma_convs_matches_onnxruntime(hopper_on, wide_model, tmp_path):
+    """On an sm_90 GPU: the model with its 1x1 convs on the Hopper kernel within 2e-2 of onnxruntime."""
+    import onnxruntime as ort
+    import tvm
+
+    import tvm_b2b
+    from tvm_b2b.frontend.model import compile_model
+
+    if tvm.cuda(0).compute_version != "9.0":
+        pytest.skip("needs an sm_90 GPU (wgmma and TMA)")
+    lib = str(tmp_path / "wide.so")
+    compile_model(wide_model, lib, parse_target("cuda"), dtype="float16")
+    x = np.random.default_rng(1).standard_normal((2, 64, 10, 9)).astype(np.float32)
+    (want,) = ort.InferenceSession(wide_model).run(None, {"x": x})
+    (got,) = tvm_b2b.load(lib)(x=x).values()
+    np.testing.assert_allclose(got.astype(np.float32), want, atol=2e-2, rtol=2e-2)
+
+
+def test_tune_refuses_a_written_kernel(hopper_on):
+    """tune --spec of a conv that gets the Hopper kernel: a one-line reason (no trace to search or record)."""
+    import argparse
+
+    from tvm_b2b.cli import UserError, _specs_to_tune
+
+    with pytest.raises(UserError, match="written, not scheduled"):
+        _specs_to_tune(argparse.Namespace(model=None, spec=["n=32,h=14,w=14,c=1024,k=256"], only=None), SM90)

@@ -1,0 +1,349 @@
+"""Hopper rule of the single convolution (op.conv) on sm_90: TMA copies and warpgroup MMA (wgmma), the
+instructions cuBLAS and CUTLASS use on Hopper, for dense fp16 convs of stride 1 (any kernel size) and strided
+1x1 convs. The template of cuda_conv (ldmatrix + mma.sync) stops near 250 TFLOP/s on ResNet-50's batch-32
+convs, its 1x1 convs at 110-190 (bench/results/convs_h200_s12_configs.txt).
+
+TVM 0.27 has no schedule primitive that emits wgmma or TMA, so the kernel is written in TIRx script (TVM's
+own T.ptx instructions, tests/python/tirx/codegen/test_codegen_hopper.py upstream), not scheduled from a TE
+definition: it has no MetaSchedule space (its three parameters are given, not searched), and it is lowered
+by TVM's TIRx pipeline (tvm_b2b.lower partitions a module by TIRX_ATTR) and compiled for sm_90a (wgmma is
+an arch-specific instruction; codegen.compile_module asks for it).
+
+y (m, k) = act(conv(x, w) * s + b [+ residual]) as an implicit GEMM over the m = n*ho*wo output pixels, the
+reduction in steps of 64 channels of one tap, w as (k, kh*kw*c) (InputForm's "kc" weights: both operands K-major
+in shared memory, as wgmma reads them); which pixels a block takes and how TMA reads them: Tiling.
+- a block computes `bm` pixel rows x `bn` channels: bm / 64 consumer warpgroups of wgmma m64n{bn}k16, one
+  producer warpgroup whose first thread issues the TMA copies (warp specialization);
+- `stages` buffers of 64-channel steps (128-byte rows, 128B swizzle), each with a "full" mbarrier (TMA's
+  transaction count) and an "empty" one (each consumer warp arrives once wgmma.wait_group says the step's
+  multiplies are done; with 2+ buffers one step's stay in flight while the next is issued);
+- the epilogue from the accumulator registers (scale, bias, [residual], act) into a 128B-swizzled fp16
+  tile in shared memory, stored by TMA in 64-channel boxes. TMA reads coordinates outside a tensor as zeros
+  and does not write them: any pixel count works, and the conv's padding costs nothing.
+
+OFF by default: `TVM_B2B_HOPPER=1` turns it on (can_implement), until the GPU machine has measured it against
+cuda_conv (`bash bench/gpu_session.sh hopper`); it has been built and compiled (nvcc sm_90a), not run.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..lower import TIRX_ATTR
+from ..op.conv import ConvSpec, InputForm
+from ..target import max_shared_bytes
+
+ENABLE_ENV = "TVM_B2B_HOPPER"
+BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
+WGMMA_K = 16
+SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
+DESC_LBO, DESC_SBO = 1, 64  # K-major 128B swizzle: leading offset unused; 8 rows x 128 B = 1024 B apart (16-B units)
+FENCE_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_fence_acc(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
+"""  # after wgmma.wait_group: no read of an accumulator moves above the wait (CUTLASS's warpgroup_fence_operand);
+# TVM 0.27's T.cuda.wgmma.noop_barrier fails in codegen and takes its operand by value
+LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+STORE = "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    bm: int = 128  # pixels per block: 64 per consumer warpgroup
+    bn: int = 128  # output channels per block: wgmma's n (64, 128 or 256)
+    stages: int = 4  # operand buffers (at most one per reduction step is allocated)
+
+    def to_string(self) -> str:
+        return f"bm={self.bm},bn={self.bn},stages={self.stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> "HopperConfig":
+        values = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
+        unknown = set(values) - {"bm", "bn", "stages"}
+        if unknown:
+            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of the Hopper conv (bm, bn, stages)")
+        cfg = cls(**{k: int(v) for k, v in values.items()})
+        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8:
+            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8")
+        return cfg
+
+
+def spec_problem(spec: ConvSpec) -> str | None:
+    """Why the kernel cannot compute this conv, or None."""
+    if spec.groups != 1:
+        return f"groups={spec.groups} (dense convs only)"
+    if spec.stride != 1 and (spec.kh, spec.kw, spec.pad_h, spec.pad_w) != (1, 1, 0, 0):
+        return f"a strided {spec.kh}x{spec.kw} conv: only stride-1 convs, or strided 1x1 convs without padding"
+    if spec.dtype != "float16":
+        return f"dtype {spec.dtype} (float16 only)"
+    if spec.c % 8 or spec.k % 64:
+        return f"c={spec.c}, k={spec.k}: TMA's rows are multiples of 16 bytes (c % 8) and the tiles of 64 channels (k % 64)"
+    if not flat(spec) and spec.wo > 128:
+        return f"{spec.wo} output columns: a block's pixels are whole output rows, at most 128"
+    return None
+
+
+def flat(spec: ConvSpec) -> bool:
+    """A stride-1 1x1 conv: a block's pixels are any bm consecutive ones (a GEMM over the pixels)."""
+    return (spec.kh, spec.kw, spec.stride, spec.pad_h, spec.pad_w) == (1, 1, 1, 0, 0)
+
+
+def default_config(spec: ConvSpec) -> HopperConfig:
+    """128 channels where they divide k; 64 pixels where a block's whole rows fit 64 no worse than 128."""
+    bn = 128 if spec.k % 128 == 0 else 64
+    if flat(spec) or spec.wo > 64:
+        return HopperConfig(bn=bn)
+    return HopperConfig(bm=64 if Tiling(spec, 64).used >= Tiling(spec, 128).used else 128, bn=bn)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Which pixels a block computes, and how TMA reads them: x and y as 4-d tensor maps (channels innermost).
+    A stride-1 1x1 conv: bm consecutive pixels (the maps' second dimension is every pixel). Any other: `rows`
+    whole output rows of one image, each tap (rh, rw) of the conv one box of x at the tap's offset (TMA
+    reads coordinates outside x as zeros: the padding), a strided 1x1 conv through x's strided view."""
+
+    spec: ConvSpec
+    bm: int
+
+    @property
+    def rows(self) -> int:
+        """Output rows per block (rows form): as many as bm takes, spread evenly over the image's blocks."""
+        most = min(self.bm // self.spec.wo, self.spec.ho)
+        return -(-self.spec.ho // -(-self.spec.ho // most))
+
+    @property
+    def pixels(self) -> int:
+        """Pixels a block's box holds (the wgmma tile's first rows; the rest of its bm rows are not read or stored)."""
+        return self.bm if flat(self.spec) else self.rows * self.spec.wo
+
+    @property
+    def used(self) -> float:
+        """The share of the blocks' wgmma rows that are real pixels."""
+        return self.spec.m / (self.blocks * self.bm)
+
+    @property
+    def blocks(self) -> int:
+        s = self.spec
+        return -(-s.m // self.bm) if flat(s) else s.n * -(-s.ho // self.rows)
+
+    def x_map(self) -> list:
+        """cuTensorMapEncodeTiled's dims (innermost first), byte strides and box of x."""
+        s, e = self.spec, 2
+        if flat(s):
+            return [s.c, s.m, 1, 1, s.c * e, s.m * s.c * e, s.m * s.c * e, BK, self.bm, 1, 1]
+        if s.stride == 1:
+            return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, s.wo, self.rows, 1]
+        return [s.c, s.wo, s.ho, s.n, s.stride * s.c * e, s.stride * s.w * s.c * e, s.h * s.w * s.c * e,
+                BK, s.wo, self.rows, 1]  # a strided 1x1 conv: the pixels it reads, as a tensor of their own
+
+    def y_map(self) -> list:
+        s, e = self.spec, 2
+        if flat(s):
+            return [s.k, s.m, 1, 1, s.k * e, s.m * s.k * e, s.m * s.k * e, 64, self.bm, 1, 1]
+        return [s.k, s.wo, s.ho, s.n, s.k * e, s.wo * s.k * e, s.ho * s.wo * s.k * e, 64, s.wo, self.rows, 1]
+
+    def origin(self, bi):
+        """(pixel or output column, output row, image) of block bi's first pixel: its boxes' coordinates."""
+        if flat(self.spec):
+            return bi * self.bm, 0, 0
+        per_image = -(-self.spec.ho // self.rows)
+        return 0, bi % per_image * self.rows, bi // per_image
+
+    def tap(self, bi, t):
+        """x's coordinates (after the channel) of tap t's box for block bi."""
+        col, row, image = self.origin(bi)
+        if flat(self.spec) or self.spec.stride != 1:
+            return col, row, image
+        rh, rw = t // self.spec.kw, t % self.spec.kw
+        return col + rw - self.spec.pad_w, row + rh - self.spec.pad_h, image
+
+    def pixel(self, bi, r):
+        """The (m) index of the pixel of row r of block bi's tile (clamped into the tensor: a row past the box is
+        computed, never stored)."""
+        from tvm import tirx
+
+        col, row, image = self.origin(bi)
+        if flat(self.spec):
+            return tirx.min(col + r, self.spec.m - 1)
+        wo = self.spec.wo
+        return tirx.min((image * self.spec.ho + row + r // wo) * wo + r % wo, self.spec.m - 1)
+
+
+def steps(spec: ConvSpec) -> int:
+    """Reduction steps: 64 channels of one tap each."""
+    return spec.kh * spec.kw * -(-spec.c // BK)
+
+
+def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
+    """Dynamic shared memory: the operand buffers (at most one per reduction step) and the output tile."""
+    return min(cfg.stages, steps(spec)) * (cfg.bm + cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2
+
+
+def _act(v, name: str):
+    from tvm.script import tirx as T
+
+    if name == "relu":
+        return T.max(v, T.float32(0))
+    if name == "relu6":
+        return T.min(T.max(v, T.float32(0)), T.float32(6))
+    return v
+
+
+def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
+    """The kernel as a TIRx PrimFunc (x (n, h, w, c), w (k, kh*kw*c), s, b, [residual (m, k)], y (m, k)): the
+    parameters of cuda_conv's kernel, with w as InputForm(weights="kc") makes it."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    problem = spec_problem(spec) or (spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
+        not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels")
+    if problem:
+        raise ValueError(f"{spec.to_string()}: {problem}")
+    m, c, k, bm, bn = spec.m, spec.c, spec.k, cfg.bm, cfg.bn
+    tiling = Tiling(spec, bm)
+    n_steps, c_steps, wgs, acc_regs, boxes = steps(spec), -(-c // BK), bm // 64, bn // 2, bn // 64
+    stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
+    threads = 128 * (wgs + 1)
+    tx_bytes = (tiling.pixels + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
+    r_dim = spec.kh * spec.kw * c
+    x_map_args = tiling.x_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # element strides, interleave, swizzle, ...
+    w_map_args = [r_dim, k, r_dim * 2, BK, bn, 1, 1, 0, SWIZZLE_128B, 0, 0]
+    y_map_args = tiling.y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
+    mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{WGMMA_K}.f32.f16.f16"
+    load = "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    store = "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+    w_load = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    residual, act = bool(spec.residual), spec.act
+    # one step's wgmma left in flight (CUTLASS's mainloop): its buffer is released a step later, which needs a
+    # second buffer for the producer to fill meanwhile
+    overlap = stages >= 2
+    w_at = stages * bm * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
+    y_at = w_at + stages * bn * BK
+    pool = y_at + bm * bn
+
+    @T.prim_func
+    def func(x_ptr: T.handle, w_ptr: T.handle, s_ptr: T.handle, b_ptr: T.handle, r_ptr: T.handle, y_ptr: T.handle):
+        x = T.match_buffer(x_ptr, (spec.n, spec.h, spec.w, c), "float16", align=16)
+        w = T.match_buffer(w_ptr, (k, r_dim), "float16", align=16)
+        s = T.match_buffer(s_ptr, (k,), "float32", align=16)
+        b = T.match_buffer(b_ptr, (k,), "float32", align=16)
+        r = T.match_buffer(r_ptr, (m, k), "float16", align=16)
+        y = T.match_buffer(y_ptr, (m, k), "float16", align=16)
+        x_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", x_map, "float16", 4, x.data, *x_map_args)
+        w_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", w_map, "float16", 2, w.data, *w_map_args)
+        y_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", y_map, "float16", 4, y.data, *y_map_args)
+
+        T.device_entry()
+        bk, bi = T.cta_id([k // bn, tiling.blocks])
+        tx = T.thread_id([threads])
+        tiles = T.alloc_buffer((pool,), "float16", scope="shared.dyn", align=1024)
+        full = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
+        empty = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
+        acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
+        desc_x: T.uint64  # TIRx declares a local scalar by annotation (linters see a name without a value)
+        desc_w: T.uint64
+        wg = T.meta_var(tx // 128)
+        if tx == 0:
+            for i in T.serial(stages):
+                T.ptx.mbarrier.init.shared.b64(T.address_of(full[i]), T.uint32(1))
+                T.ptx.mbarrier.init.shared.b64(T.address_of(empty[i]), T.uint32(4 * wgs))
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.cuda.cta_sync()
+        if wg == wgs:  # the producer: one thread issues every step's two copies (step ko: tap ko // c_steps)
+            if tx == wgs * 128:
+                for ko in T.serial(n_steps):
+                    if ko >= stages:  # the buffer's step `stages` earlier, released by every consumer warp
+                        T.cuda.mbarrier_wait(T.address_of(empty[ko % stages]), (ko // stages + 1) % 2)
+                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
+                    T.ptx[load](T.address_of(tiles[ko % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
+                                *tiling.tap(bi, ko // c_steps), T.address_of(full[ko % stages]))
+                    T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * bn * BK]), T.address_of(w_map),
+                                  ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[ko % stages]))
+        else:
+            for ko in T.serial(n_steps):
+                T.cuda.mbarrier_wait(T.address_of(full[ko % stages]), (ko // stages) % 2)
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(BK // WGMMA_K):  # the start address moves 32 B per step inside the swizzle atom
+                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
+                        tiles[ko % stages * bm * BK + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
+                        tiles[w_at + ko % stages * bn * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                    T.ptx[mma](*[acc[i] for i in range(acc_regs)], desc_x, desc_w,  # noqa: F821
+                               ko * (BK // WGMMA_K) + kk > 0,
+                               1, 1, 0, 0)
+                T.ptx.wgmma.commit_group.sync.aligned()
+                if overlap:  # this step's wgmma run on while the next step's wait and issue go on: release the last's
+                    T.ptx.wgmma.wait_group.sync.aligned(1)
+                    if ko > 0 and tx % 32 == 0:  # each warp, once its wait returned
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(ko + stages - 1) % stages]))
+                else:
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    if tx % 32 == 0:
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[ko % stages]))
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            for i in T.unroll(acc_regs):
+                T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
+            # accumulator j of m64nNk16 (f32): row 16 * warp + lane / 4 (+8 for j % 4 >= 2), channel
+            # 8 * (j // 4) + 2 * (lane % 4) + j % 2; the tile is 128B-swizzled: 16-byte chunk (ch / 8) ^ (row % 8)
+            for j in T.unroll(acc_regs):
+                row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 4 // 2 * 8)
+                ch = T.meta_var(j // 4 * 8 + tx % 4 * 2 + j % 2)
+                pre = T.meta_var(acc[j] * s[bk * bn + ch] + b[bk * bn + ch])
+                at = T.meta_var(y_at + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
+                if residual:
+                    tiles[at] = T.Cast("float16", _act(pre + T.Cast("float32", r[tiling.pixel(bi, row), bk * bn + ch]), act))
+                else:
+                    tiles[at] = T.Cast("float16", _act(pre, act))
+        T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
+        T.cuda.cta_sync()
+        if tx == 0:
+            for box in T.serial(boxes):
+                T.ptx[store](T.address_of(y_map), bk * bn + box * 64, *tiling.origin(bi), T.address_of(tiles[y_at + box * bm * 64]))
+            T.ptx.cp.async_.bulk.commit_group()
+            T.ptx.cp.async_.bulk.wait_group(0)
+
+    if not residual:  # the parameters of cuda_conv's kernel: no residual tensor (the body does not read it)
+        func = tirx.PrimFunc([p for p in func.params if p.name != "r"], func.body, func.ret_type, func.attrs)
+    # op_pattern 8 (opaque): Relax fuses nothing into it (its body is not a TE compute that FuseTIR could merge)
+    return func.with_attr("global_symbol", name).with_attr(TIRX_ATTR, True).with_attr("op_pattern", 8)
+
+
+class HopperConvRule:
+    """sm_90 convs on TMA + wgmma (off unless TVM_B2B_HOPPER=1); parameters given, not searched (knobs: none)."""
+
+    name = "Hopper TMA + wgmma"
+    knobs: dict = {}
+    optional = True  # for some specs only: rule_for falls back to cuda_conv's rule, and its reasons
+
+    def can_implement(self, spec: ConvSpec, info) -> str | None:
+        if os.environ.get(ENABLE_ENV) != "1":
+            return f"off by default until measured on a GPU ({ENABLE_ENV}=1 turns it on)"
+        if info.arch != 90:
+            return f"sm_{info.arch}: wgmma and TMA need sm_90"
+        return spec_problem(spec)
+
+    def default_config(self, spec: ConvSpec, info) -> HopperConfig:
+        return default_config(spec)
+
+    def parse_config(self, config):
+        return HopperConfig.parse(config) if isinstance(config, str) else config
+
+    def workload(self, spec: ConvSpec):
+        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
+        import tvm
+
+        return tvm.IRModule({"main": conv_func(spec, default_config(spec))})
+
+    def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
+        from . import Plan
+
+        cfg = config or default_config(spec)
+        if shared_bytes(spec, cfg) > max_shared_bytes(info.arch):
+            raise ValueError(f"config: {cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory")
+        return Plan([conv_func(spec, cfg)], True, cfg, input_form=InputForm(weights="kc"), kernel="tensorcore")
+
+
+RULE = HopperConvRule()
