@@ -17,9 +17,10 @@
 #                                            64->64->128; any op kind, e.g. a conv with KERNEL=conv), tuned record then each CFG
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
-#   bash bench/gpu_session.sh hopper         the sm_90 TMA + wgmma 1x1 conv (schedule/cuda_hopper_conv.py): its GPU tests (vs numpy,
-#                                            a model vs onnxruntime), then bench/experiments/hopper_conv1x1.py: ResNet-50's batch-32
-#                                            1x1 convs, each config against the mma.sync kernel and cuDNN (~6 min)
+#   bash bench/gpu_session.sh hopper         sm_90's TMA + wgmma kernels (schedule/cuda_hopper_conv.py, cuda_hopper_pair.py): their GPU
+#                                            tests (vs numpy, a model vs onnxruntime), then bench/experiments/hopper_conv1x1.py:
+#                                            ResNet-50's batch-32 1x1 convs, each config against the mma.sync kernel and cuDNN (~7 min)
+#   bash bench/gpu_session.sh hopperpairs    the fused pairs (schedule/cuda_hopper_pair.py) vs the mma.sync template, cuDNN (~8 min)
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1, then without, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
@@ -102,10 +103,20 @@ case "$1" in
     done
     ;;
   hopper)
-    timeout 200 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_cuda_hopper_conv.py 2>&1 \
+    timeout 240 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_cuda_hopper_conv.py \
+      tests/test_cuda_hopper_pair.py 2>&1 \
       | tee "$out/gpu_tests_hopper.log" | tail -8
     timeout 400 python3 bench/experiments/hopper_conv1x1.py ${CASES:+$(printf -- '--spec %s ' $CASES)} 2>&1 | tee "$out/hopper_conv1x1.txt" \
       | grep -v "^\s*$"
+    ;;
+  hopperpairs)  # bench_fused's dense pairs (N=32 56x56 sweep, ResNet-50's +residual pairs at N=1 and 32), fused on TMA + wgmma,
+                # then on the mma.sync template; each run's unfused row is the template's two kernels, torch's row cuDNN
+    for on in 1 0; do
+      TVM_B2B_HOPPER=$on timeout 280 python3 bench/bench_fused.py --config default \
+        $(for n in 32; do for k2 in 64 128 256; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done; done) \
+        $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
+        --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
+    done
     ;;
   hoppere2e)
     for on in 1 0; do

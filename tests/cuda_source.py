@@ -37,3 +37,21 @@ def compiled_source(funcs, target) -> str:
 
     mod = tvm.IRModule({f"k{i}": f for i, f in enumerate(funcs)})
     return compile_module(mod, target).mod.imports[0].inspect_source()
+
+
+def compiles_for_sm90a(source: str, tmp_path) -> None:
+    """nvcc compiles the source for sm_90a (wgmma, TMA), or the test skips where the local nvcc has no sm_90."""
+    import pytest
+
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("the local nvcc has no sm_90")
+    nvcc_compile(source, "sm_90a", tmp_path)
+
+
+def skip_unless_sm90() -> None:
+    """Skips the test unless the GPU here is an sm_90 (wgmma and TMA run on no other)."""
+    import pytest
+    import tvm
+
+    if tvm.cuda(0).compute_version != "9.0":
+        pytest.skip("needs an sm_90 GPU (wgmma and TMA)")

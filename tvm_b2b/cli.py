@@ -173,7 +173,7 @@ def _specs_to_tune(args, target) -> list:
         return specs
     _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
     pairs = pairs_of(candidates)
-    fused = _by_work([p.spec for p in pairs if p.fused])
+    fused = _by_work([p.spec for p in pairs if p.fused and not untunable(p.spec, p.plan)])
     unfused = _by_work([p.spec for p in pairs if p.fusable and not p.fused])
     singles = [c for c in candidates if c.kind != PAIR and c.plan is not None]
     convs = _by_work([c.spec for c in singles if not untunable(c.spec, c.plan)])

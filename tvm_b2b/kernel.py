@@ -76,10 +76,8 @@ class FusedKernel:
         from .op.device import device_arguments
 
         spec = self.spec
-        if self.input_form is not None:  # x and w as the kernel takes them: its spec's
-            form = self.input_form
-            arrays = {**arrays, "x": form.x(spec, arrays["x"]), "w": form.w(spec, arrays["w"])}
-            spec = form.spec(spec)
+        if self.input_form is not None:  # the inputs as the kernel takes them: its spec's
+            arrays, spec = self.input_form.arrays(spec, arrays), self.input_form.spec(spec)
         tensors, out = device_arguments(spec, arrays, dev)
         if len(self.func_names) == 1:
             return [[*tensors.values(), out]]

@@ -10,6 +10,9 @@ tensor cores adds im2col, w1_gemm, w2_gemm and out_pad (and has no pad).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 from tvm import te, tirx
 
 from .activation import activation as act
@@ -47,6 +50,22 @@ def _output(spec: FusedConvSpec, pre):
         body = pre
     out = te.compute((spec.m, spec.k2), lambda m, k: activation(body(m, k), spec.act2).astype(spec.dtype), name="out")
     return extra, out
+
+
+@dataclass(frozen=True)
+class PairForm:
+    """How a pair's kernel takes its weights when not as given (the Hopper kernel's: `weights` "kc", w1 as
+    (k1, 9*c) and w2 as (k2, k1), each output channel's weights in one row, K-major as wgmma reads them;
+    constants in a model, so free at run time). x and the spec stay the op's."""
+
+    weights: str = "kc"
+
+    def spec(self, spec: FusedConvSpec) -> FusedConvSpec:
+        return spec
+
+    def arrays(self, spec: FusedConvSpec, arrays: dict) -> dict:
+        w1, w2 = arrays["w1"], arrays["w2"]
+        return {**arrays, "w1": np.ascontiguousarray(w1.reshape(-1, w1.shape[-1]).T), "w2": np.ascontiguousarray(w2.T)}
 
 
 def conv3x3_spec(spec: FusedConvSpec) -> ConvSpec:

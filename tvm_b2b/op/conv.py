@@ -78,6 +78,10 @@ class InputForm:
         spec = space_to_depth(spec) if self.cells else spec
         return dataclasses.replace(spec, c=self.channels) if self.channels else spec
 
+    def arrays(self, spec: ConvSpec, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The op's numpy inputs as the kernel takes them."""
+        return {**arrays, "x": self.x(spec, arrays["x"]), "w": self.w(spec, arrays["w"])}
+
     def x(self, spec: ConvSpec, x: np.ndarray) -> np.ndarray:
         """x (n, h, w, c) as the kernel takes it."""
         if self.cells:

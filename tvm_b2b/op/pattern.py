@@ -60,6 +60,8 @@ class Pair:
         `model_input(expr)` (the caller's rewrite of an expression of the graph, cast to the spec's
         dtype), the residual as its (m, k2) GEMM view (`emit` binds a value)."""
         spec, p, dt = self.spec, self.params, np_dtype(self.spec.dtype)
+        form = self.plan.input_form if self.plan is not None else None
+        p = form.arrays(spec, p) if form is not None else p  # the weights as the kernel takes them (constants)
         args = [model_input(self.x), relax.const(p["w1"].astype(dt)), relax.const(p["s1"]), relax.const(p["b1"]),
                 relax.const(p["w2"].astype(dt)), relax.const(p["s2"]), relax.const(p["b2"])]
         if self.residual is not None:

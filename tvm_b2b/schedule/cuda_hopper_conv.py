@@ -26,6 +26,7 @@ cuda_conv (`bash bench/gpu_session.sh hopper`); it has been built and compiled (
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ ENABLE_ENV = "TVM_B2B_HOPPER"
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
+CONSUMERS = 8  # the named barrier of the consumer warpgroups (0 is __syncthreads, 1 + i warpgroup i's)
 DESC_LBO, DESC_SBO = 1, 64  # K-major 128B swizzle: leading offset unused; 8 rows x 128 B = 1024 B apart (16-B units)
 FENCE_SOURCE = """
 __forceinline__ __device__ void tvm_b2b_fence_acc(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
@@ -189,50 +191,88 @@ def _act(v, name: str):
     return v
 
 
+@dataclass(frozen=True)
+class Second:
+    """The fused pair's second GEMM (schedule/cuda_hopper_pair.py): a 1x1 conv of the first's output, which stays
+    in shared memory (`mid`, the first's epilogue writes it as wgmma reads an operand), to k2 channels in chunks of bn2."""
+
+    k2: int
+    bn2: int
+    act: str
+    residual: bool
+
+
 def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
     """The kernel as a TIRx PrimFunc (x (n, h, w, c), w (k, kh*kw*c), s, b, [residual (m, k)], y (m, k)): the
     parameters of cuda_conv's kernel, with w as InputForm(weights="kc") makes it."""
-    from tvm import tirx
-    from tvm.script import tirx as T
-
     problem = spec_problem(spec) or (spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
         not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels")
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
+    return kernel_func(spec, cfg, None, name)
+
+
+def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: str):
+    """conv_func's kernel; with `second`, the fused pair's (x, w (k1, kh*kw*c), s, b, w2 (k2, k1), s2, b2,
+    [residual (m, k2)], y (m, k2)): spec the first conv (its k all of k1, one block's channels: cfg.bn == spec.k),
+    its epilogue into `mid`, then per chunk of bn2 channels the second GEMM (64 channels of mid a step, w2's
+    tiles through the same buffers), its epilogue and store. Its callers check what the spec and config take."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
     m, c, k, bm, bn = spec.m, spec.c, spec.k, cfg.bm, cfg.bn
     tiling = Tiling(spec, bm)
     n_steps, c_steps, wgs, acc_regs, boxes = steps(spec), -(-c // BK), bm // 64, bn // 2, bn // 64
+    fused = second is not None
+    k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
+    k1_steps, chunks = k // BK, k2 // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
+    all_steps = n_steps + (chunks * k1_steps if fused else 0)
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
     threads = 128 * (wgs + 1)
     tx_bytes = (tiling.pixels + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
     r_dim = spec.kh * spec.kw * c
+    out = dataclasses.replace(spec, k=k2)  # the output tensor's conv (the second GEMM's when fused)
     x_map_args = tiling.x_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # element strides, interleave, swizzle, ...
     w_map_args = [r_dim, k, r_dim * 2, BK, bn, 1, 1, 0, SWIZZLE_128B, 0, 0]
-    y_map_args = tiling.y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
+    w2_map_args = [k, k2, k * 2, BK, bn2, 1, 1, 0, SWIZZLE_128B, 0, 0]
+    y_map_args = Tiling(out, bm).y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{WGMMA_K}.f32.f16.f16"
+    mma2 = f"wgmma.mma_async.sync.aligned.m64n{bn2}k{WGMMA_K}.f32.f16.f16"
     load = "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
     store = "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
     w_load = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-    residual, act = bool(spec.residual), spec.act
+    residual = second.residual if fused else bool(spec.residual)
+    act, act2 = spec.act, second.act if fused else spec.act
     # one step's wgmma left in flight (CUTLASS's mainloop): its buffer is released a step later, which needs a
-    # second buffer for the producer to fill meanwhile
-    overlap = stages >= 2
+    # second buffer for the producer to fill meanwhile (the single conv's; the pair's steps wait for their wgmma)
+    overlap = stages >= 2 and not fused
+    b_rows = max(bn, bn2) if fused else bn
     w_at = stages * bm * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
-    y_at = w_at + stages * bn * BK
-    pool = y_at + bm * bn
+    y_at = w_at + stages * b_rows * BK
+    mid_at = y_at + bm * bn2  # the pair's mid: bm x k1, in 64-channel tiles as the output tile
+    pool = mid_at + (bm * k if fused else 0)
+    consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
+    acc2_regs = bn2 // 2 if fused else 1
 
     @T.prim_func
-    def func(x_ptr: T.handle, w_ptr: T.handle, s_ptr: T.handle, b_ptr: T.handle, r_ptr: T.handle, y_ptr: T.handle):
+    def func(x_ptr: T.handle, w_ptr: T.handle, s_ptr: T.handle, b_ptr: T.handle, w2_ptr: T.handle, s2_ptr: T.handle,
+             b2_ptr: T.handle, r_ptr: T.handle, y_ptr: T.handle):
         x = T.match_buffer(x_ptr, (spec.n, spec.h, spec.w, c), "float16", align=16)
         w = T.match_buffer(w_ptr, (k, r_dim), "float16", align=16)
         s = T.match_buffer(s_ptr, (k,), "float32", align=16)
         b = T.match_buffer(b_ptr, (k,), "float32", align=16)
-        r = T.match_buffer(r_ptr, (m, k), "float16", align=16)
-        y = T.match_buffer(y_ptr, (m, k), "float16", align=16)
+        w2 = T.match_buffer(w2_ptr, (k2, k), "float16", align=16)
+        s2 = T.match_buffer(s2_ptr, (k2,), "float32", align=16)
+        b2 = T.match_buffer(b2_ptr, (k2,), "float32", align=16)
+        r = T.match_buffer(r_ptr, (m, k2), "float16", align=16)
+        y = T.match_buffer(y_ptr, (m, k2), "float16", align=16)
         x_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", x_map, "float16", 4, x.data, *x_map_args)
         w_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", w_map, "float16", 2, w.data, *w_map_args)
+        w2_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        if fused:
+            T.call_packed("runtime.cuTensorMapEncodeTiled", w2_map, "float16", 2, w2.data, *w2_map_args)
         y_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", y_map, "float16", 4, y.data, *y_map_args)
 
@@ -243,6 +283,7 @@ def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
         full = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
         empty = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
+        acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
         desc_x: T.uint64  # TIRx declares a local scalar by annotation (linters see a name without a value)
         desc_w: T.uint64
         wg = T.meta_var(tx // 128)
@@ -252,16 +293,22 @@ def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(empty[i]), T.uint32(4 * wgs))
         T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
-        if wg == wgs:  # the producer: one thread issues every step's two copies (step ko: tap ko // c_steps)
+        if wg == wgs:  # the producer: one thread issues every step's copies (step ko: tap ko // c_steps)
             if tx == wgs * 128:
-                for ko in T.serial(n_steps):
+                for ko in T.serial(all_steps):
                     if ko >= stages:  # the buffer's step `stages` earlier, released by every consumer warp
                         T.cuda.mbarrier_wait(T.address_of(empty[ko % stages]), (ko // stages + 1) % 2)
-                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
-                    T.ptx[load](T.address_of(tiles[ko % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
-                                *tiling.tap(bi, ko // c_steps), T.address_of(full[ko % stages]))
-                    T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * bn * BK]), T.address_of(w_map),
-                                  ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[ko % stages]))
+                    if ko < n_steps:
+                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
+                        T.ptx[load](T.address_of(tiles[ko % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
+                                    *tiling.tap(bi, ko // c_steps), T.address_of(full[ko % stages]))
+                        T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
+                                      ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[ko % stages]))
+                    else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
+                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
+                        T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
+                                      (ko - n_steps) % k1_steps * BK, (ko - n_steps) // k1_steps * bn2,
+                                      T.address_of(full[ko % stages]))
         else:
             for ko in T.serial(n_steps):
                 T.cuda.mbarrier_wait(T.address_of(full[ko % stages]), (ko // stages) % 2)
@@ -270,7 +317,7 @@ def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
                     T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
                         tiles[ko % stages * bm * BK + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
                     T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
-                        tiles[w_at + ko % stages * bn * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                        tiles[w_at + ko % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
                     T.ptx[mma](*[acc[i] for i in range(acc_regs)], desc_x, desc_w,  # noqa: F821
                                ko * (BK // WGMMA_K) + kk > 0,
                                1, 1, 0, 0)
@@ -292,44 +339,102 @@ def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
                 row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 4 // 2 * 8)
                 ch = T.meta_var(j // 4 * 8 + tx % 4 * 2 + j % 2)
                 pre = T.meta_var(acc[j] * s[bk * bn + ch] + b[bk * bn + ch])
-                at = T.meta_var(y_at + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
-                if residual:
-                    tiles[at] = T.Cast("float16", _act(pre + T.Cast("float32", r[tiling.pixel(bi, row), bk * bn + ch]), act))
+                at = T.meta_var(ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
+                if fused:
+                    tiles[mid_at + at] = T.Cast("float16", _act(pre, act))
+                elif residual:
+                    tiles[y_at + at] = T.Cast("float16", _act(
+                        pre + T.Cast("float32", r[tiling.pixel(bi, row), bk * bn + ch]), act))
                 else:
-                    tiles[at] = T.Cast("float16", _act(pre, act))
-        T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
-        T.cuda.cta_sync()
-        if tx == 0:
-            for box in T.serial(boxes):
-                T.ptx[store](T.address_of(y_map), bk * bn + box * 64, *tiling.origin(bi), T.address_of(tiles[y_at + box * bm * 64]))
-            T.ptx.cp.async_.bulk.commit_group()
-            T.ptx.cp.async_.bulk.wait_group(0)
+                    tiles[y_at + at] = T.Cast("float16", _act(pre, act))
+            if fused:  # the second GEMM: mid (its warpgroup's rows) times w2's tiles, chunk by chunk of bn2 channels
+                T.ptx.fence.proxy.async_.shared__cta()  # mid's generic-proxy writes, visible to wgmma's reads
+                T.ptx.bar.sync(T.Cast("uint32", 1 + wg), T.uint32(128))  # a warpgroup reads only the rows of mid it wrote
+                for jc in T.serial(chunks):
+                    for kc in T.serial(k1_steps):
+                        g = T.meta_var(n_steps + jc * k1_steps + kc)
+                        T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
+                        T.ptx.wgmma.fence.sync.aligned()
+                        for kk in T.unroll(BK // WGMMA_K):
+                            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
+                                tiles[mid_at + kc * bm * BK + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
+                                tiles[w_at + g % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                            T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], desc_x, desc_w,  # noqa: F821
+                                        kc * (BK // WGMMA_K) + kk > 0, 1, 1, 0, 0)
+                        T.ptx.wgmma.commit_group.sync.aligned()
+                        T.ptx.wgmma.wait_group.sync.aligned(0)
+                        if tx % 32 == 0:
+                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
+                    for i in T.unroll(acc2_regs):
+                        T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
+                    if jc > 0:  # the last chunk's store has read the output tile (its thread waited for it)
+                        T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                    for j in T.unroll(acc2_regs):
+                        row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 4 // 2 * 8)
+                        ch = T.meta_var(j // 4 * 8 + tx % 4 * 2 + j % 2)
+                        pre = T.meta_var(acc2[j] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
+                        at = T.meta_var(y_at + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
+                        if residual:
+                            tiles[at] = T.Cast("float16", _act(
+                                pre + T.Cast("float32", r[tiling.pixel(bi, row), jc * bn2 + ch]), act2))
+                        else:
+                            tiles[at] = T.Cast("float16", _act(pre, act2))
+                    T.ptx.fence.proxy.async_.shared__cta()
+                    T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                    if tx == 0:
+                        for box in T.serial(bn2 // 64):
+                            T.ptx[store](T.address_of(y_map), jc * bn2 + box * 64, *tiling.origin(bi),
+                                         T.address_of(tiles[y_at + box * bm * 64]))
+                        T.ptx.cp.async_.bulk.commit_group()
+                        T.ptx.cp.async_.bulk.wait_group(0)
+        if not fused:
+            T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
+            T.cuda.cta_sync()
+            if tx == 0:
+                for box in T.serial(boxes):
+                    T.ptx[store](T.address_of(y_map), bk * bn + box * 64, *tiling.origin(bi),
+                                 T.address_of(tiles[y_at + box * bm * 64]))
+                T.ptx.cp.async_.bulk.commit_group()
+                T.ptx.cp.async_.bulk.wait_group(0)
 
-    if not residual:  # the parameters of cuda_conv's kernel: no residual tensor (the body does not read it)
-        func = tirx.PrimFunc([p for p in func.params if p.name != "r"], func.body, func.ret_type, func.attrs)
+    unused = {"w2", "s2", "b2"} if not fused else set()
+    unused |= {"r"} if not residual else set()  # the parameters of cuda_conv's kernel (the body does not read these)
+    func = tirx.PrimFunc([p for p in func.params if p.name not in unused], func.body, func.ret_type, func.attrs)
     # op_pattern 8 (opaque): Relax fuses nothing into it (its body is not a TE compute that FuseTIR could merge)
     return func.with_attr("global_symbol", name).with_attr(TIRX_ATTR, True).with_attr("op_pattern", 8)
 
 
-class HopperConvRule:
-    """sm_90 convs on TMA + wgmma (off unless TVM_B2B_HOPPER=1); parameters given, not searched (knobs: none)."""
+class HopperRule:
+    """What the Hopper rules share: off unless TVM_B2B_HOPPER=1, sm_90 only, `optional` (for some specs only:
+    rule_for falls back past them to the template's rule, and its reasons), parameters given, not searched."""
 
     name = "Hopper TMA + wgmma"
     knobs: dict = {}
-    optional = True  # for some specs only: rule_for falls back to cuda_conv's rule, and its reasons
+    optional = True
 
-    def can_implement(self, spec: ConvSpec, info) -> str | None:
+    def problem(self, spec) -> str | None:
+        raise NotImplementedError
+
+    def can_implement(self, spec, info) -> str | None:
         if os.environ.get(ENABLE_ENV) != "1":
             return f"off by default until measured on a GPU ({ENABLE_ENV}=1 turns it on)"
         if info.arch != 90:
             return f"sm_{info.arch}: wgmma and TMA need sm_90"
+        return self.problem(spec)
+
+    def parse_config(self, config):
+        return HopperConfig.parse(config) if isinstance(config, str) else config
+
+
+class HopperConvRule(HopperRule):
+    """sm_90 convs on TMA + wgmma."""
+
+    def problem(self, spec: ConvSpec) -> str | None:
         return spec_problem(spec)
 
     def default_config(self, spec: ConvSpec, info) -> HopperConfig:
         return default_config(spec)
-
-    def parse_config(self, config):
-        return HopperConfig.parse(config) if isinstance(config, str) else config
 
     def workload(self, spec: ConvSpec):
         """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""

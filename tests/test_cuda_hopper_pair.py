@@ -1,0 +1,104 @@
+"""schedule/cuda_hopper_pair.py: the fused 3x3 -> 1x1 pair on sm_90's TMA + wgmma (off unless TVM_B2B_HOPPER=1).
+CPU: which pairs it takes and why not, the weights it is given, its kernel's instructions and an nvcc sm_90a
+compile. GPU (sm_90 only): the kernel vs numpy. What it measures: `bash bench/gpu_session.sh hopper`."""
+import numpy as np
+import pytest
+
+from cuda_source import compiles_for_sm90a, kernels, skip_unless_sm90
+from tvm_b2b import FusedConvSpec, build
+from tvm_b2b.op.compute import PairForm
+from tvm_b2b.op.reference import compare, random_inputs, reference
+from tvm_b2b.schedule import plan, rule_for
+from tvm_b2b.schedule import cuda_hopper_pair as pair
+from tvm_b2b.schedule.cuda_hopper_conv import ENABLE_ENV, TIRX_ATTR
+from tvm_b2b.target import parse_target, target_info
+
+SM90 = parse_target("cuda:sm_90")
+# whole output rows per block (14: 4 + 4 + 4 + 2 rows of 14 in 64-pixel tiles; 20 in 128-pixel tiles of 5 rows), a
+# residual, k2 in several chunks, k1 = 256 (one wgmma n; two buffers), c not a multiple of 64, relu6 / no activation
+CASES = [("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", None),
+         ("n=1,h=20,w=20,c=40,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=64,stages=3"),
+         ("n=1,h=7,w=7,c=256,k1=256,k2=512,residual=1", None),
+         ("n=3,h=9,w=11,c=64,k1=64,k2=64", "bm=128,bn=64,stages=4")]
+
+
+def spec_of(text: str) -> FusedConvSpec:
+    return FusedConvSpec.parse(text + ",dtype=float16")
+
+
+@pytest.fixture
+def hopper_on(monkeypatch):
+    monkeypatch.setenv(ENABLE_ENV, "1")
+
+
+@pytest.mark.parametrize("case,why", [("n=1,h=8,w=8,c=64,k1=64,k2=64,stride=2", "stride 2"),
+                                      ("n=1,h=8,w=8,c=64,k1=512,k2=64", "k1=512"),
+                                      ("n=1,h=8,w=8,c=60,k1=64,k2=64", "c=60")])
+def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
+    """A strided pair, k1 over one wgmma's n, c not a multiple of 8: a reason, and cuda_wmma's rule takes the pair."""
+    spec = spec_of(case)
+    assert why in pair.RULE.can_implement(spec, target_info(SM90))
+    assert rule_for(SM90, "conv3x3_conv1x1", spec).name != pair.RULE.name
+    with pytest.raises(ValueError, match=why):
+        pair.pair_func(spec, pair.default_config(spec))
+
+
+def test_rule_is_off_by_default(monkeypatch):
+    spec = spec_of("n=1,h=8,w=8,c=64,k1=64,k2=128")
+    monkeypatch.delenv(ENABLE_ENV, raising=False)
+    assert "off by default" in pair.RULE.can_implement(spec, target_info(SM90))
+    assert plan(spec, SM90).kernels[0].attrs.get(TIRX_ATTR) is None
+    monkeypatch.setenv(ENABLE_ENV, "1")
+    planned = plan(spec, SM90)
+    assert planned.fused and planned.kernels[0].attrs[TIRX_ATTR] and planned.input_form == PairForm()
+    assert len(plan(spec, SM90, fused=False).kernels) == 2  # the two-kernel form asked for: the template's
+
+
+def test_pair_weights_are_each_output_channels_row():
+    """PairForm: w1 (3, 3, c, k1) as (k1, 9*c), taps then channels; w2 (k1, k2) as (k2, k1)."""
+    spec = spec_of("n=1,h=4,w=4,c=16,k1=64,k2=128")
+    arrays = random_inputs(spec)
+    given = PairForm().arrays(spec, arrays)
+    assert given["w1"].shape == (64, 144) and given["w2"].shape == (128, 64) and given["w1"].flags.c_contiguous
+    np.testing.assert_array_equal(given["w1"][5, 16 * 7: 16 * 8], arrays["w1"][2, 1, :, 5])
+    np.testing.assert_array_equal(given["w2"][9], arrays["w2"][:, 9])
+
+
+def test_default_config_fits_shared_memory():
+    """The most buffers (up to 4) that fit 227 KiB: 4 for a 7x7 k1=256 pair in 64-pixel tiles, 2 for k1=256 in
+    128-pixel tiles (rows of 100 pixels)."""
+    small, wide = spec_of("n=1,h=7,w=7,c=256,k1=256,k2=512"), spec_of("n=1,h=100,w=100,c=64,k1=256,k2=256")
+    assert pair.default_config(small) == pair.HopperConfig(bm=64, bn=128, stages=4)
+    assert pair.default_config(wide) == pair.HopperConfig(bm=128, bn=128, stages=2)
+    assert pair.shared_bytes(wide, pair.default_config(wide)) <= 227 * 1024 < pair.shared_bytes(
+        wide, pair.HopperConfig(bm=128, bn=128, stages=3))
+
+
+@pytest.mark.parametrize("case,config", CASES[:3])
+def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
+    """One kernel taking four tensor maps (x, w1, w2, y); the 3x3's taps and w1 by TMA, w2 by TMA through the
+    same buffers; wgmma of n=k1 then n=bn; the consumer warpgroups sync by named barriers (bar.sync 8); nvcc
+    compiles it for sm_90a."""
+    spec = spec_of(case)
+    kernel = build(spec, "cuda:sm_90", config=config, db=None)
+    cfg = pair.RULE.parse_config(config) or pair.default_config(spec)
+    source = kernel.source()
+    (params,) = kernels(source).values()
+    assert kernel.func_names == ["fused_conv3x3_conv1x1_wgmma"] and params.count("__grid_constant__ CUtensorMap") == 4
+    for instruction in (f"wgmma.mma_async.sync.aligned.m64n{spec.k1}k16", f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16",
+                        "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta",
+                        "bar_sync_count_sync((uint)8"):
+        assert instruction in source, instruction
+    compiles_for_sm90a(source, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,config", CASES)
+def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
+    """On an sm_90 GPU: within the op's float16 tolerance of numpy (op.reference.TOLERANCES), every pixel written."""
+    skip_unless_sm90()
+    spec = spec_of(case)
+    kernel = build(spec, "cuda", config=config, db=None)
+    arrays = random_inputs(spec, seed=5)
+    err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
+    assert ok, f"max abs error {err}"

@@ -1,0 +1,89 @@
+"""Hopper rule of the fused pair (op kind fused_conv3x3_conv1x1) on sm_90: cuda_hopper_conv's kernel with a second
+GEMM. The 3x3 conv's TMA + wgmma mainloop computes all k1 channels of a block's pixels (whole output rows);
+its epilogue writes them as fp16 into shared memory (`mid`) in the layout wgmma reads an operand from; then,
+per chunk of bn2 output channels, wgmma multiplies mid by w2's tiles (TMA, through the same buffers), and the
+second epilogue (scale, bias, [residual], act) goes out by TMA. No intermediate in global memory, no im2col copy
+per tap (each tap is one TMA box of x). No public library has this kernel on Hopper (CUTLASS's fused example
+stops at sm_80).
+
+Off unless TVM_B2B_HOPPER=1, as cuda_hopper_conv; built and compiled (nvcc sm_90a), not yet run on a GPU. Stride 1,
+groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..op.compute import PairForm, conv3x3_spec
+from ..op.spec import FusedConvSpec
+from ..target import max_shared_bytes
+from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, kernel_func, spec_problem
+
+
+def pair_problem(spec: FusedConvSpec) -> str | None:
+    """Why the kernel cannot compute this pair, or None."""
+    if spec.stride != 1:
+        return f"stride {spec.stride} (the Hopper pair kernel: stride 1)"
+    if spec.k1 % 64 or spec.k1 > 256 or spec.k2 % 64:
+        return f"k1={spec.k1}, k2={spec.k2}: k1 a multiple of 64 up to 256 (one wgmma's n), k2 a multiple of 64"
+    return spec_problem(conv3x3_spec(spec))
+
+
+def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
+    """The operand buffers (x's tile and the larger of w1's and w2's), the output tile and mid."""
+    steps = 9 * -(-spec.c // BK)
+    return (min(cfg.stages, steps) * (cfg.bm + max(spec.k1, cfg.bn)) * BK + cfg.bm * cfg.bn + cfg.bm * spec.k1) * 2
+
+
+def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
+    """bn: the second GEMM's chunk (128 channels where they divide k2); bm as the 3x3 conv's default; the most
+    buffers (up to 4) that fit."""
+    from .cuda_hopper_conv import default_config as conv_default
+
+    bm = conv_default(conv3x3_spec(spec)).bm
+    cfg = HopperConfig(bm=bm, bn=128 if spec.k2 % 128 == 0 else 64, stages=4)
+    while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
+        cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
+    return cfg
+
+
+def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3_conv1x1_wgmma"):
+    """The kernel as a TIRx PrimFunc (x, w1 (k1, 9*c), s1, b1, w2 (k2, k1), s2, b2, [residual (m, k2)], y (m, k2)):
+    the parameters of cuda_wmma's fused kernel, with the weights as PairForm makes them."""
+    problem = pair_problem(spec) or (spec.k2 % cfg.bn and f"k2 is not a multiple of bn={cfg.bn}") or (
+        spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels")
+    if problem:
+        raise ValueError(f"{spec.to_string()}: {problem}")
+    conv1 = conv3x3_spec(spec)
+    first = HopperConfig(bm=cfg.bm, bn=spec.k1, stages=cfg.stages)  # all of k1 in one block
+    return kernel_func(conv1, first, Second(spec.k2, cfg.bn, spec.act2, bool(spec.residual)), name)
+
+
+class HopperPairRule(HopperRule):
+    """sm_90 fused pairs on TMA + wgmma; runs every pair it takes fused."""
+
+    def problem(self, spec: FusedConvSpec) -> str | None:
+        return pair_problem(spec)
+
+    def default_config(self, spec: FusedConvSpec, info) -> HopperConfig:
+        return default_config(spec, info.arch)
+
+    def workload(self, spec: FusedConvSpec):
+        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
+        import tvm
+
+        return tvm.IRModule({"main": pair_func(spec, default_config(spec))})
+
+    def plan(self, spec: FusedConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
+        """One kernel; the two-kernel form, where asked (fused=False), is cuda_wmma's."""
+        from . import Plan
+        from .cuda_wmma import RULE as TEMPLATE
+
+        if not fused:
+            return TEMPLATE.plan(spec, info, None, False, policy, unfused)
+        cfg = config or default_config(spec, info.arch)
+        if shared_bytes(spec, cfg) > max_shared_bytes(info.arch):
+            raise ValueError(f"config: {cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory")
+        return Plan([pair_func(spec, cfg)], True, cfg, input_form=PairForm())
+
+
+RULE = HopperPairRule()
