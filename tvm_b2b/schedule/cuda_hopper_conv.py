@@ -38,6 +38,7 @@ ENABLE_ENV = "TVM_B2B_HOPPER"
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
+MAX_GRID_Y = 65535  # the pixel blocks run along blockIdx.y: consecutive blocks share x's tile (L2) across channel blocks
 CONSUMERS = 8  # the named barrier of the consumer warpgroups (0 is __syncthreads, 1 + i warpgroup i's)
 DESC_LBO, DESC_SBO = 1, 64  # K-major 128B swizzle: leading offset unused; 8 rows x 128 B = 1024 B apart (16-B units)
 FENCE_SOURCE = """
@@ -81,6 +82,11 @@ def spec_problem(spec: ConvSpec) -> str | None:
         return f"c={spec.c}, k={spec.k}: TMA's rows are multiples of 16 bytes (c % 8) and the tiles of 64 channels (k % 64)"
     if not flat(spec) and spec.wo > 128:
         return f"{spec.wo} output columns: a block's pixels are whole output rows, at most 128"
+    if spec.stride != 1 and spec.h % spec.stride:
+        # the strided view of x (Tiling.x_map) nests its strides only where the stride divides the height
+        return f"a strided 1x1 conv of h={spec.h}, not a multiple of the stride {spec.stride}"
+    if Tiling(spec, default_config(spec).bm).blocks > MAX_GRID_Y:
+        return f"{Tiling(spec, default_config(spec).bm).blocks} pixel blocks: CUDA's grid takes at most {MAX_GRID_Y} (blockIdx.y)"
     return None
 
 
