@@ -1,0 +1,279 @@
+"""A check without a GPU (written by a reviewer of the kernel): a numpy emulation of
+schedule/cuda_hopper_conv.kernel_func's data path (TMA boxes -> smem rows -> wgmma -> accumulator fragments ->
+swizzled epilogue -> TMA store), using the generator's own Tiling / map arguments, to check the index math (taps,
+coordinates, rows tiling, residual pixel, store coordinates) against a reference conv. It models the hardware; it
+does not run the generated code (tests/test_cuda_hopper_*.py's GPU tests do).
+    python3 bench/experiments/hopper_emulation.py   (about 12 s; tests/test_cuda_hopper_conv.py runs part of it)
+Hardware models: TMA tiled mode (zero fill OOB, OOB not stored, 128B swizzle = XOR of address bits [4,7) with [7,10)),
+wgmma SS K-major SW128 canonical layout ((8,m),(8,2)):((8T,SBO),(1,T)) + Swizzle<3,4,3> (CUTLASS make_gmma_desc),
+C fragment layout CLayout_64xN (CUTLASS mma_traits_sm90_gmma.hpp)."""
+import dataclasses
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from tvm_b2b.schedule import cuda_hopper_conv as H  # noqa: E402
+from tvm_b2b.op.conv import ConvSpec  # noqa: E402
+
+BK = H.BK
+
+
+def tma_load(flat, dims, strides_b, box, coords):
+    """Box rows (row r = i1 + b1*(i2 + b2*i3)) x box[0] elements; OOB -> 0. flat: fp16 elements."""
+    e = 2
+    b0, b1, b2, b3 = box
+    out = np.zeros((b1 * b2 * b3, b0), np.float32)
+    st = [e] + list(strides_b)
+    for i3 in range(b3):
+        for i2 in range(b2):
+            for i1 in range(b1):
+                r = i1 + b1 * (i2 + b2 * i3)
+                for i0 in range(b0):
+                    c = (coords[0] + i0, coords[1] + i1, coords[2] + i2, coords[3] + i3)
+                    if all(0 <= c[d] < dims[d] for d in range(4)):
+                        off = sum(c[d] * st[d] for d in range(4))
+                        assert off % e == 0
+                        out[r, i0] = flat[off // e]
+    return out
+
+
+def tma_load2(flat, dims, stride_b, box, coords):
+    return tma_load(flat, list(dims) + [1, 1], [stride_b, stride_b * dims[1], stride_b * dims[1]], list(box) + [1, 1],
+                    list(coords) + [0, 0])
+
+
+def smem_write_rows(smem, base_el, rows):
+    """TMA's 128B-swizzled write of 64-element rows at base_el (1024-B aligned): chunk j of row r -> j ^ (r%8)."""
+    assert (base_el * 2) % 1024 == 0
+    for r in range(rows.shape[0]):
+        for j in range(8):
+            smem[base_el + r * 64 + ((j ^ (r % 8)) * 8): base_el + r * 64 + ((j ^ (r % 8)) * 8) + 8] = rows[r, j * 8:j * 8 + 8]
+
+
+def desc_read(smem, start_el, nrows, lbo=1, sbo=64):
+    """wgmma K-major SW128 operand of nrows x 16 from a descriptor whose start address is start_el (elements):
+    byte address of (row, k) = start + (row%8)*128 + (row//8)*SBO*16 + (k//8)*16 + (k%8)*2, then Swizzle<3,4,3>."""
+    out = np.zeros((nrows, 16), np.float32)
+    for row in range(nrows):
+        for k in range(16):
+            a = start_el * 2 + (row % 8) * 128 + (row // 8) * sbo * 16 + (k // 8) * 16 + (k % 8) * 2
+            a = a ^ (((a >> 7) & 7) << 4)
+            out[row, k] = smem[a // 2]
+    return out
+
+
+def c_layout(n):
+    """(thread 0..127, value j) -> (row, col) of m64nNk16's f32 accumulator, from CUTLASS CLayout_64xN:
+    Shape ((4,8,4),(2,2,N/8)) Stride ((128,1,16),(64,8,512)) into m + 64*n."""
+    res = {}
+    for t in range(128):
+        t0, t1, t2 = t % 4, (t // 4) % 8, t // 32
+        for j in range(n // 2):
+            v0, v1, v2 = j % 2, (j // 2) % 2, j // 4
+            idx = t0 * 128 + t1 * 1 + t2 * 16 + v0 * 64 + v1 * 8 + v2 * 512
+            res[(t, j)] = (idx % 64, idx // 64)
+    return res
+
+
+def kernel_assumed(t, j):
+    """The generator's assumption (kernel_func's epilogue)."""
+    return (t % 128 // 32 * 16 + t % 32 // 4 + j % 4 // 2 * 8, j // 4 * 8 + t % 4 * 2 + j % 2)
+
+
+def act(v, name):
+    if name == "relu":
+        return np.maximum(v, 0)
+    if name == "relu6":
+        return np.minimum(np.maximum(v, 0), 6)
+    return v
+
+
+def emulate(spec, cfg, second=None, rng=None):
+    """Returns (y emulated (m, k2), y reference)."""
+    rng = rng or np.random.default_rng(0)
+    m, c, k, bm, bn = spec.m, spec.c, spec.k, cfg.bm, cfg.bn
+    tiling = H.Tiling(spec, bm)
+    n_steps, c_steps, wgs = H.steps(spec), -(-c // BK), bm // 64
+    fused = second is not None
+    k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
+    k1_steps, chunks = k // BK, k2 // bn2
+    stages = min(cfg.stages, n_steps)
+    r_dim = spec.kh * spec.kw * c
+    out = dataclasses.replace(spec, k=k2)
+    xm, ym = tiling.x_map(), H.Tiling(out, bm).y_map()
+    b_rows = max(bn, bn2) if fused else bn
+    w_at = stages * bm * BK
+    y_at = w_at + stages * b_rows * BK
+    mid_at = y_at + bm * bn2
+    pool = mid_at + (bm * k if fused else 0)
+    residual = second.residual if fused else bool(spec.residual)
+    act1, act2 = spec.act, (second.act if fused else spec.act)
+
+    x = rng.standard_normal((spec.n, spec.h, spec.w, c)).astype(np.float16)
+    w = (rng.standard_normal((k, r_dim)) / np.sqrt(r_dim)).astype(np.float16)
+    s = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    w2 = (rng.standard_normal((k2, k)) / np.sqrt(k)).astype(np.float16)
+    s2 = rng.uniform(0.5, 1.5, k2).astype(np.float32)
+    b2 = rng.standard_normal(k2).astype(np.float32)
+    r = rng.standard_normal((m, k2)).astype(np.float16)
+    y = np.full((m, k2), np.nan, np.float32)
+    xf, wf, w2f = x.reshape(-1), w.reshape(-1), w2.reshape(-1)
+    cl = c_layout(bn)
+    cl2 = c_layout(bn2)
+    for (t, j), v in cl.items():
+        assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
+
+    for bk in range(k // bn):
+        for bi in range(tiling.blocks):
+            smem = np.full(pool, np.nan, np.float32)  # uninitialised: NaN, to catch reads of unwritten rows
+            acc = np.zeros((wgs * 64, bn), np.float32)
+            for ko in range(n_steps):
+                st = ko % stages
+                xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [ko % c_steps * BK, *tiling.tap(bi, ko // c_steps)])
+                assert xa.shape[0] == tiling.pixels
+                smem_write_rows(smem, st * bm * BK, xa)
+                wa = tma_load2(wf, (r_dim, k), r_dim * 2, (BK, bn), (ko // c_steps * c + ko % c_steps * BK, bk * bn))
+                smem_write_rows(smem, w_at + st * b_rows * BK, wa)
+                for wg in range(wgs):
+                    for kk in range(BK // 16):
+                        A = desc_read(smem, st * bm * BK + wg * 64 * BK + kk * 16, 64)
+                        B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn)
+                        with np.errstate(invalid="ignore"):
+                            acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
+            # epilogue 1
+            for wg in range(wgs):
+                for t in range(128):
+                    tx = wg * 128 + t
+                    for jj in range(bn // 2):
+                        lr, lc = cl[(t, jj)]
+                        val = acc[wg * 64 + lr, lc]
+                        row = wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + jj % 4 // 2 * 8
+                        ch = jj // 4 * 8 + tx % 4 * 2 + jj % 2
+                        pre = val * s[bk * bn + ch] + b[bk * bn + ch]
+                        at = ch // 64 * bm * 64 + row * 64 + ((ch % 64 // 8) ^ (row % 8)) * 8 + ch % 8
+                        if fused:
+                            smem[mid_at + at] = np.float16(act(pre, act1))
+                        elif residual:
+                            smem[y_at + at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), bk * bn + ch]), act1))
+                        else:
+                            smem[y_at + at] = np.float16(act(pre, act1))
+            if not fused:
+                for box in range(bn // 64):
+                    tma_store(y, smem, y_at + box * bm * 64, ym, [bk * bn + box * 64, *tiling.origin(bi)])
+                continue
+            for jc in range(chunks):
+                acc2 = np.zeros((wgs * 64, bn2), np.float32)
+                for kc in range(k1_steps):
+                    g = n_steps + jc * k1_steps + kc
+                    st = g % stages
+                    wa = tma_load2(w2f, (k, k2), k * 2, (BK, bn2), ((g - n_steps) % k1_steps * BK, (g - n_steps) // k1_steps * bn2))
+                    smem_write_rows(smem, w_at + st * b_rows * BK, wa)
+                    for wg in range(wgs):
+                        for kk in range(4):
+                            A = desc_read(smem, mid_at + kc * bm * BK + wg * 64 * BK + kk * 16, 64)
+                            B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn2)
+                            with np.errstate(invalid="ignore"):
+                                acc2[wg * 64:(wg + 1) * 64] = (acc2[wg * 64:(wg + 1) * 64] if kc * 4 + kk > 0 else 0) + A @ B.T
+                for wg in range(wgs):
+                    for t in range(128):
+                        tx = wg * 128 + t
+                        for jj in range(bn2 // 2):
+                            lr, lc = cl2[(t, jj)]
+                            val = acc2[wg * 64 + lr, lc]
+                            row = wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + jj % 4 // 2 * 8
+                            ch = jj // 4 * 8 + tx % 4 * 2 + jj % 2
+                            pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
+                            at = y_at + ch // 64 * bm * 64 + row * 64 + ((ch % 64 // 8) ^ (row % 8)) * 8 + ch % 8
+                            if residual:
+                                smem[at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), jc * bn2 + ch]), act2))
+                            else:
+                                smem[at] = np.float16(act(pre, act2))
+                for box in range(bn2 // 64):
+                    tma_store(y, smem, y_at + box * bm * 64, ym, [jc * bn2 + box * 64, *tiling.origin(bi)])
+
+    # reference
+    xp = np.pad(x.astype(np.float32), [(0, 0), (spec.pad_h, spec.pad_h), (spec.pad_w, spec.pad_w), (0, 0)])
+    cols = np.zeros((spec.n, spec.ho, spec.wo, spec.kh, spec.kw, c), np.float32)
+    for rh in range(spec.kh):
+        for rw in range(spec.kw):
+            cols[:, :, :, rh, rw] = xp[:, rh: rh + spec.stride * (spec.ho - 1) + 1: spec.stride,
+                                       rw: rw + spec.stride * (spec.wo - 1) + 1: spec.stride]
+    conv = cols.reshape(m, r_dim) @ w.astype(np.float32).T
+    pre = conv * s + b
+    if fused:
+        mid = act(pre, act1).astype(np.float16).astype(np.float32)
+        pre2 = mid @ w2.astype(np.float32).T * s2 + b2
+        ref = act(pre2 + (r.astype(np.float32) if residual else 0), act2)
+    else:
+        ref = act(pre + (r.astype(np.float32) if residual else 0), act1)
+    return y, ref
+
+
+def pixel(tiling, bi, row):
+    spec = tiling.spec
+    col, r0, image = tiling.origin(bi)
+    if H.flat(spec):
+        return min(col + row, spec.m - 1)
+    wo = spec.wo
+    return min((image * spec.ho + r0 + row // wo) * wo + row % wo, spec.m - 1)
+
+
+def tma_store(y, smem, base_el, ym, coords):
+    """TMA store of box ym[7:11] from the swizzled smem box at base_el to y (m, K) viewed by ym's dims/strides."""
+    dims, strides, box = ym[0:4], ym[4:7], ym[7:11]
+    yf = y.reshape(-1)
+    st = [2] + list(strides)
+    b0, b1, b2, b3 = box
+    for i3 in range(b3):
+        for i2 in range(b2):
+            for i1 in range(b1):
+                rr = i1 + b1 * (i2 + b2 * i3)
+                for i0 in range(b0):
+                    cc = (coords[0] + i0, coords[1] + i1, coords[2] + i2, coords[3] + i3)
+                    if all(0 <= cc[d] < dims[d] for d in range(4)):
+                        a = base_el * 2 + rr * 128 + i0 * 2
+                        a = a ^ (((a >> 7) & 7) << 4)
+                        yf[sum(cc[d] * st[d] for d in range(4)) // 2] = smem[a // 2]
+
+
+CONVS = [
+    ("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
+    ("n=1,h=5,w=7,c=256,k=128,residual=1,act=relu6", "bm=128,bn=64,stages=3"),
+    ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=128,stages=4"),
+    ("n=2,h=14,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),
+    ("n=1,h=9,w=11,c=96,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=3"),
+    ("n=2,h=6,w=5,c=32,k=64,kh=3,kw=3,pad_h=0,pad_w=0,residual=1", "bm=64,bn=64,stages=2"),
+    ("n=1,h=8,w=8,c=16,k=64,kh=5,kw=5,pad_h=2,pad_w=2", "bm=128,bn=64,stages=4"),
+    ("n=1,h=4,w=40,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=4"),  # one row per block
+    ("n=1,h=10,w=10,c=72,k=64", "bm=64,bn=64,stages=1"),
+]
+PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual)
+    ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
+    ("n=1,h=7,w=7,c=96,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 192, 64, False),
+    ("n=1,h=9,w=10,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 128, True),
+]
+
+
+def main() -> int:
+    ok = True
+    for sp, cf in CONVS:
+        spec = ConvSpec.parse(sp + ",dtype=float16")
+        y, ref = emulate(spec, H.HopperConfig.parse(cf))
+        good = not np.isnan(y).any() and np.abs(y - ref).max() < 2e-2 * (1 + np.abs(ref).max())
+        ok = ok and good
+        print(sp, cf, "unwritten output" if np.isnan(y).any() else f"max abs error {np.abs(y - ref).max():.3g}", flush=True)
+    for sp, bm, stages, k2, bn2, res in PAIRS:
+        spec = ConvSpec.parse(sp + ",dtype=float16")
+        y, ref = emulate(spec, H.HopperConfig(bm=bm, bn=spec.k, stages=stages), H.Second(k2, bn2, "relu", res))
+        good = not np.isnan(y).any() and np.abs(y - ref).max() < 2e-2 * (1 + np.abs(ref).max())
+        ok = ok and good
+        print("pair", sp, f"k2={k2},bn2={bn2}", "unwritten output" if np.isnan(y).any() else
+              f"max abs error {np.abs(y - ref).max():.3g}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
