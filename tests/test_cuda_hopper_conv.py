@@ -17,14 +17,16 @@ SM90 = parse_target("cuda:sm_90")
 # 1x1 stride 1: rows past m (126 and 441 pixels: not multiples of the tiles), a residual, reductions of 1, 4 and 5
 # steps (5 > 3 buffers: the ring wraps), several channel blocks, relu6 and no activation; whole output rows: 3x3
 # stride 1 (9 taps read as boxes at their offsets, the padding read outside x), c not a multiple of 64, a block of
-# rows that overhangs the image (14 rows in blocks of 9), a 1x1 stride 2 (x's strided view), one output row per block
+# rows that overhangs the image (14 rows in blocks of 9), a 1x1 and a 3x3 of stride 2 (TMA's box traverses every
+# other pixel; odd sizes), one output row per block
 # (the first and last rows' outer taps read boxes wholly outside x), a 7x7 conv
 CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=1,h=21,w=21,c=256,k=256,residual=1,act=relu6", "bm=128,bn=128,stages=3"),
          ("n=3,h=5,w=6,c=320,k=512,act=none", "bm=64,bn=256,stages=3"), ("n=2,h=14,w=14,c=72,k=64", "bm=128,bn=64,stages=2"),
          ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=128,stages=4"),
          ("n=1,h=10,w=13,c=40,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3"),
-         ("n=2,h=14,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),
+         ("n=2,h=15,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),
+         ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=128,stages=3"),
          ("n=1,h=40,w=40,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=4"),
          ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4")]
 
@@ -39,15 +41,13 @@ def hopper_on(monkeypatch):
 
 
 @pytest.mark.parametrize("case,why", [
-    ("n=1,h=8,w=8,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,stride=2", "a strided 3x3 conv"), ("n=1,h=8,w=8,c=64,k=64,groups=2", "groups=2"),
+    ("n=1,h=40,w=40,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,stride=9", "stride 9"), ("n=1,h=8,w=8,c=64,k=64,groups=2", "groups=2"),
     ("n=1,h=8,w=8,c=60,k=64", "c=60, k=64"), ("n=1,h=8,w=8,c=64,k=96", "c=64, k=96"),
     ("n=1,h=8,w=200,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "200 output columns"),
-    ("n=1,h=15,w=16,c=64,k=64,stride=2", "h=15, not a multiple of the stride"),
     ("n=64,h=512,w=512,c=64,k=64", "pixel blocks")])
 def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
-    """A strided 3x3 conv, a grouped conv, c not a multiple of 8, k not of 64, output rows wider than a block, a
-    strided 1x1 whose stride does not divide h (TMA's strides would not nest), more pixel blocks than the grid's y:
-    a reason, and cuda_conv's rule takes the conv."""
+    """A stride over TMA's 8, a grouped conv, c not a multiple of 8, k not of 64, output rows wider than a block,
+    more pixel blocks than the grid's y: a reason, and cuda_conv's rule takes the conv."""
     spec = spec_of(case)
     assert why in hopper.RULE.can_implement(spec, target_info(SM90))
     assert rule_for(SM90, "conv2d", spec).name != hopper.RULE.name
@@ -177,7 +177,7 @@ def test_tune_refuses_a_written_kernel(hopper_on):
         _specs_to_tune(argparse.Namespace(model=None, spec=["n=32,h=14,w=14,c=1024,k=256"], only=None), SM90)
 
 
-@pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (0, "pair")])
+@pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's

@@ -15,11 +15,13 @@ from tvm_b2b.target import parse_target, target_info
 
 SM90 = parse_target("cuda:sm_90")
 # whole output rows per block (14: 4 + 4 + 4 + 2 rows of 14 in 64-pixel tiles; 20 in 128-pixel tiles of 5 rows), a
-# residual, k2 in several chunks, k1 = 256 (one wgmma n; two buffers), c not a multiple of 64, relu6 / no activation
+# residual, k2 in several chunks, k1 = 256 (one wgmma n; two buffers), c not a multiple of 64, relu6 / no activation,
+# a stride-2 3x3 (ResNet's first block of a stage)
 CASES = [("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", None),
          ("n=1,h=20,w=20,c=40,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=64,stages=3"),
          ("n=1,h=7,w=7,c=256,k1=256,k2=512,residual=1", None),
-         ("n=3,h=9,w=11,c=64,k1=64,k2=64", "bm=128,bn=64,stages=4")]
+         ("n=3,h=9,w=11,c=64,k1=64,k2=64", "bm=128,bn=64,stages=4"),
+         ("n=2,h=15,w=14,c=64,k1=128,k2=256,stride=2,residual=1", None)]
 
 
 def spec_of(text: str) -> FusedConvSpec:
@@ -31,11 +33,12 @@ def hopper_on(monkeypatch):
     monkeypatch.setenv(ENABLE_ENV, "1")
 
 
-@pytest.mark.parametrize("case,why", [("n=1,h=8,w=8,c=64,k1=64,k2=64,stride=2", "stride 2"),
+@pytest.mark.parametrize("case,why", [("n=1,h=8,w=300,c=64,k1=64,k2=64", "300 output columns"),
                                       ("n=1,h=8,w=8,c=64,k1=512,k2=64", "k1=512"),
                                       ("n=1,h=8,w=8,c=60,k1=64,k2=64", "c=60")])
 def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
-    """A strided pair, k1 over one wgmma's n, c not a multiple of 8: a reason, and cuda_wmma's rule takes the pair."""
+    """Output rows wider than a block, k1 over one wgmma's n, c not a multiple of 8: a reason, and cuda_wmma's rule
+    takes the pair."""
     spec = spec_of(case)
     assert why in pair.RULE.can_implement(spec, target_info(SM90))
     assert rule_for(SM90, "conv3x3_conv1x1", spec).name != pair.RULE.name

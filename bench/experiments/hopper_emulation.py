@@ -20,10 +20,12 @@ from tvm_b2b.op.conv import ConvSpec  # noqa: E402
 BK = H.BK
 
 
-def tma_load(flat, dims, strides_b, box, coords):
-    """Box rows (row r = i1 + b1*(i2 + b2*i3)) x box[0] elements; OOB -> 0. flat: fp16 elements."""
+def tma_load(flat, dims, strides_b, box, coords, element_strides=(1, 1, 1, 1)):
+    """Box rows (row r = i1 + b1*(i2 + b2*i3)) x box[0] elements; OOB -> 0. flat: fp16 elements. With element
+    strides, ceil(box / stride) elements a dimension, every stride-th (dimension 0's is ignored, as CUDA's)."""
     e = 2
-    b0, b1, b2, b3 = box
+    es = [1] + list(element_strides[1:])
+    b0, b1, b2, b3 = (-(-b // t) for b, t in zip(box, es))
     out = np.zeros((b1 * b2 * b3, b0), np.float32)
     st = [e] + list(strides_b)
     for i3 in range(b3):
@@ -31,7 +33,7 @@ def tma_load(flat, dims, strides_b, box, coords):
             for i1 in range(b1):
                 r = i1 + b1 * (i2 + b2 * i3)
                 for i0 in range(b0):
-                    c = (coords[0] + i0, coords[1] + i1, coords[2] + i2, coords[3] + i3)
+                    c = (coords[0] + i0, coords[1] + i1 * es[1], coords[2] + i2 * es[2], coords[3] + i3 * es[3])
                     if all(0 <= c[d] < dims[d] for d in range(4)):
                         off = sum(c[d] * st[d] for d in range(4))
                         assert off % e == 0
@@ -132,7 +134,8 @@ def emulate(spec, cfg, second=None, rng=None):
             acc = np.zeros((wgs * 64, bn), np.float32)
             for ko in range(n_steps):
                 st = ko % stages
-                xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [ko % c_steps * BK, *tiling.tap(bi, ko // c_steps)])
+                xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [ko % c_steps * BK, *tiling.tap(bi, ko // c_steps)],
+                              tiling.element_strides())
                 assert xa.shape[0] == tiling.pixels
                 smem_write_rows(smem, st * bm * BK, xa)
                 wa = tma_load2(wf, (r_dim, k), r_dim * 2, (BK, bn), (ko // c_steps * c + ko % c_steps * BK, bk * bn))
@@ -249,11 +252,15 @@ CONVS = [
     ("n=1,h=8,w=8,c=16,k=64,kh=5,kw=5,pad_h=2,pad_w=2", "bm=128,bn=64,stages=4"),
     ("n=1,h=4,w=40,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=4"),  # one row per block
     ("n=1,h=10,w=10,c=72,k=64", "bm=64,bn=64,stages=1"),
+    ("n=2,h=15,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),  # odd h: no strided view needed
+    ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=128,stages=3"),
+    ("n=1,h=9,w=9,c=40,k=64,kh=3,kw=3,stride=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2"),
 ]
 PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual)
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
     ("n=1,h=7,w=7,c=96,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 192, 64, False),
     ("n=1,h=9,w=10,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 128, True),
+    ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 128, 3, 256, 128, True),  # a stride-2 pair
 ]
 
 

@@ -1,6 +1,5 @@
 """Hopper rule of the single convolution (op.conv) on sm_90: TMA copies and warpgroup MMA (wgmma), the
-instructions cuBLAS and CUTLASS use on Hopper, for dense fp16 convs of stride 1 (any kernel size) and strided
-1x1 convs. The template of cuda_conv (ldmatrix + mma.sync) stops near 250 TFLOP/s on ResNet-50's batch-32
+instructions cuBLAS and CUTLASS use on Hopper, for dense fp16 convs of any kernel size and stride. The template of cuda_conv (ldmatrix + mma.sync) stops near 250 TFLOP/s on ResNet-50's batch-32
 convs, its 1x1 convs at 110-190 (bench/results/convs_h200_s12_configs.txt).
 
 TVM 0.27 has no schedule primitive that emits wgmma or TMA, so the kernel is written in TIRx script (TVM's
@@ -74,17 +73,15 @@ def spec_problem(spec: ConvSpec) -> str | None:
     """Why the kernel cannot compute this conv, or None."""
     if spec.groups != 1:
         return f"groups={spec.groups} (dense convs only)"
-    if spec.stride != 1 and (spec.kh, spec.kw, spec.pad_h, spec.pad_w) != (1, 1, 0, 0):
-        return f"a strided {spec.kh}x{spec.kw} conv: only stride-1 convs, or strided 1x1 convs without padding"
+    if spec.stride > 8:
+        return f"stride {spec.stride}: TMA traverses at most every 8th element"
     if spec.dtype != "float16":
         return f"dtype {spec.dtype} (float16 only)"
     if spec.c % 8 or spec.k % 64:
         return f"c={spec.c}, k={spec.k}: TMA's rows are multiples of 16 bytes (c % 8) and the tiles of 64 channels (k % 64)"
-    if not flat(spec) and spec.wo > 128:
-        return f"{spec.wo} output columns: a block's pixels are whole output rows, at most 128"
-    if spec.stride != 1 and spec.h % spec.stride:
-        # the strided view of x (Tiling.x_map) nests its strides only where the stride divides the height
-        return f"a strided 1x1 conv of h={spec.h}, not a multiple of the stride {spec.stride}"
+    if not flat(spec) and spec.wo * spec.stride > min(256, 128 * spec.stride):
+        return (f"{spec.wo} output columns at stride {spec.stride}: a block's pixels are whole output rows, at most 128, "
+                "and TMA's box spans at most 256 input columns")
     if Tiling(spec, default_config(spec).bm).blocks > MAX_GRID_Y:
         return f"{Tiling(spec, default_config(spec).bm).blocks} pixel blocks: CUDA's grid takes at most {MAX_GRID_Y} (blockIdx.y)"
     return None
@@ -108,7 +105,8 @@ class Tiling:
     """Which pixels a block computes, and how TMA reads them: x and y as 4-d tensor maps (channels innermost).
     A stride-1 1x1 conv: bm consecutive pixels (the maps' second dimension is every pixel). Any other: `rows`
     whole output rows of one image, each tap (rh, rw) of the conv one box of x at the tap's offset (TMA
-    reads coordinates outside x as zeros: the padding), a strided 1x1 conv through x's strided view."""
+    reads coordinates outside x as zeros: the padding), a strided conv's box traversing every stride-th
+    column and row (element_strides)."""
 
     spec: ConvSpec
     bm: int
@@ -116,7 +114,7 @@ class Tiling:
     @property
     def rows(self) -> int:
         """Output rows per block (rows form): as many as bm takes, spread evenly over the image's blocks."""
-        most = min(self.bm // self.spec.wo, self.spec.ho)
+        most = min(self.bm // self.spec.wo, self.spec.ho, 256 // self.spec.stride)  # TMA's box: 256 rows at most
         return -(-self.spec.ho // -(-self.spec.ho // most))
 
     @property
@@ -139,10 +137,14 @@ class Tiling:
         s, e = self.spec, 2
         if flat(s):
             return [s.c, s.m, 1, 1, s.c * e, s.m * s.c * e, s.m * s.c * e, BK, self.bm, 1, 1]
-        if s.stride == 1:
-            return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, s.wo, self.rows, 1]
-        return [s.c, s.wo, s.ho, s.n, s.stride * s.c * e, s.stride * s.w * s.c * e, s.h * s.w * s.c * e,
-                BK, s.wo, self.rows, 1]  # a strided 1x1 conv: the pixels it reads, as a tensor of their own
+        st = s.stride  # a strided conv's box traverses x every st-th column and row (element_strides)
+        return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, st * s.wo, st * self.rows, 1]
+
+    def element_strides(self) -> list:
+        """TMA's traversal strides of x's box: it loads every stride-th element of its box (CUDA's
+        cuTensorMapEncodeTiled: ceil(boxDim / elementStrides) elements a dimension)."""
+        st = 1 if flat(self.spec) else self.spec.stride
+        return [1, st, st, 1]
 
     def y_map(self) -> list:
         s, e = self.spec, 2
@@ -160,10 +162,11 @@ class Tiling:
     def tap(self, bi, t):
         """x's coordinates (after the channel) of tap t's box for block bi."""
         col, row, image = self.origin(bi)
-        if flat(self.spec) or self.spec.stride != 1:
+        if flat(self.spec):
             return col, row, image
-        rh, rw = t // self.spec.kw, t % self.spec.kw
-        return col + rw - self.spec.pad_w, row + rh - self.spec.pad_h, image
+        s = self.spec
+        rh, rw = t // s.kw, t % s.kw
+        return col + rw - s.pad_w, s.stride * row + rh - s.pad_h, image
 
     def pixel(self, bi, r):
         """The (m) index of the pixel of row r of block bi's tile (clamped into the tensor: a row past the box is
@@ -238,7 +241,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     tx_bytes = (tiling.pixels + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
     r_dim = spec.kh * spec.kw * c
     out = dataclasses.replace(spec, k=k2)  # the output tensor's conv (the second GEMM's when fused)
-    x_map_args = tiling.x_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # element strides, interleave, swizzle, ...
+    x_map_args = tiling.x_map() + tiling.element_strides() + [0, SWIZZLE_128B, 0, 0]  # interleave, swizzle, ...
     w_map_args = [r_dim, k, r_dim * 2, BK, bn, 1, 1, 0, SWIZZLE_128B, 0, 0]
     w2_map_args = [k, k2, k * 2, BK, bn2, 1, 1, 0, SWIZZLE_128B, 0, 0]
     y_map_args = Tiling(out, bm).y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels

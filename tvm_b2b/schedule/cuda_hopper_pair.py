@@ -6,8 +6,8 @@ second epilogue (scale, bias, [residual], act) goes out by TMA. No intermediate 
 per tap (each tap is one TMA box of x). No public library has this kernel on Hopper (CUTLASS's fused example
 stops at sm_80).
 
-Off unless TVM_B2B_HOPPER=1, as cuda_hopper_conv; built and compiled (nvcc sm_90a), not yet run on a GPU. Stride 1,
-groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid).
+Off unless TVM_B2B_HOPPER=1, as cuda_hopper_conv; built and compiled (nvcc sm_90a), not yet run on a GPU. Groups 1,
+fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3.
 """
 from __future__ import annotations
 
@@ -21,8 +21,6 @@ from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, kernel_func,
 
 def pair_problem(spec: FusedConvSpec) -> str | None:
     """Why the kernel cannot compute this pair, or None."""
-    if spec.stride != 1:
-        return f"stride {spec.stride} (the Hopper pair kernel: stride 1)"
     if spec.k1 % 64 or spec.k1 > 256 or spec.k2 % 64:
         return f"k1={spec.k1}, k2={spec.k2}: k1 a multiple of 64 up to 256 (one wgmma's n), k2 a multiple of 64"
     return spec_problem(conv3x3_spec(spec))
