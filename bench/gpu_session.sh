@@ -18,7 +18,7 @@
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
 #   bash bench/gpu_session.sh hopper         sm_90's TMA + wgmma kernels (schedule/cuda_hopper_conv.py, cuda_hopper_pair.py): their GPU
-#                                            tests (vs numpy, a model vs onnxruntime), then bench/experiments/hopper_conv1x1.py:
+#                                            tests (vs numpy; models, ResNet-50 b1/b32 included, vs onnxruntime), then bench/experiments/hopper_conv1x1.py:
 #                                            ResNet-50's batch-32 1x1 convs, each config against the mma.sync kernel and cuDNN (~7 min)
 #   bash bench/gpu_session.sh hopperpairs    the fused pairs (schedule/cuda_hopper_pair.py) vs the mma.sync template, cuDNN (~8 min)
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1, then without, on the shipped records
@@ -103,10 +103,10 @@ case "$1" in
     done
     ;;
   hopper)
-    timeout 240 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_cuda_hopper_conv.py \
-      tests/test_cuda_hopper_pair.py 2>&1 \
+    timeout 320 python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider tests/test_cuda_hopper_conv.py \
+      tests/test_cuda_hopper_pair.py "tests/test_real_models.py::test_resnet50_on_hopper_kernels_matches_onnxruntime" 2>&1 \
       | tee "$out/gpu_tests_hopper.log" | tail -8
-    timeout 400 python3 bench/experiments/hopper_conv1x1.py ${CASES:+$(printf -- '--spec %s ' $CASES)} 2>&1 | tee "$out/hopper_conv1x1.txt" \
+    timeout 250 python3 bench/experiments/hopper_conv1x1.py ${CASES:+$(printf -- '--spec %s ' $CASES)} 2>&1 | tee "$out/hopper_conv1x1.txt" \
       | grep -v "^\s*$"
     ;;
   hopperpairs)  # bench_fused's dense pairs (N=32 56x56 sweep, ResNet-50's +residual pairs at N=1 and 32), fused on TMA + wgmma,

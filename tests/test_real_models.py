@@ -101,6 +101,39 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     nvcc_compile(source_path.read_text(), "sm_90", tmp_path)
 
 
+def test_resnet50_batch32_builds_for_sm90_on_hopper_kernels(exports, tmp_path, monkeypatch):
+    """With TVM_B2B_HOPPER=1 (schedule/cuda_hopper_*.py): 13 of ResNet-50's 16 pairs fuse on the TMA + wgmma pair
+    kernel (the other three have k1 = 512), every other conv but the stem runs on the TMA + wgmma conv kernel, and
+    the whole CUDA compiles for sm_90a."""
+    monkeypatch.setenv("TVM_B2B_HOPPER", "1")
+    path = exports("resnet50", 32, 224)
+    source_path = tmp_path / "resnet50.cu"
+    candidates = compile_model(path, str(tmp_path / "r.so"), parse_target("cuda:sm_90"), dtype="float16",
+                               emit_source=str(source_path))
+    assert sum(p.fused for p in pairs_of(candidates)) == 13
+    convs = conv_kernels(conv_names(onnx.load(path)), candidates)
+    assert [c["name"] for c in convs if c["kernel"] == "tensorcore" and "wgmma" not in c["reason"]] == ["/conv1/Conv"]
+    source = source_path.read_text()
+    assert len([k for k, params in kernels(source).items() if "CUtensorMap" in params]) == 13 + 53 - 26 - 1
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("nvcc here cannot compile for sm_90")
+    nvcc_compile(source, "sm_90a", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 32])
+def test_resnet50_on_hopper_kernels_matches_onnxruntime(exports, tmp_path, monkeypatch, batch):
+    """On an sm_90 GPU, TVM_B2B_HOPPER=1: ResNet-50 with its convs and pairs on TMA + wgmma, within the float16
+    tolerance of the other real-model tests."""
+    from cuda_source import skip_unless_sm90
+
+    skip_unless_sm90()
+    monkeypatch.setenv("TVM_B2B_HOPPER", "1")
+    path = exports("resnet50", batch, 224)
+    compile_model(path, str(tmp_path / "m.so"), parse_target("cuda"), dtype="float16")
+    assert run_against_onnxruntime(path, tmp_path / "m.so", batch, 224) <= float16_tolerance(path, "resnet50", batch, 224, "cuda")
+
+
 def test_mobilenet_v2_builds_for_sm90_on_our_kernels(exports, tmp_path):
     """torchvision's MobileNetV2: its first depthwise 3x3 -> project 1x1 pair (k1 = 32) one fused kernel, the
     other 16 (where fusing measured slower) their depthwise 3x3 on our CUDA-core kernel and the 1x1 on
