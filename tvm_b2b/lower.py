@@ -442,8 +442,12 @@ def _pipeline():
     return run, finalize_host_passes, device_passes
 
 
+def _written_in_tirx(func) -> bool:
+    return isinstance(func, tirx.PrimFunc) and bool(func.attrs) and bool(func.attrs.get(TIRX_ATTR))
+
+
 def has_tirx_kernels(mod) -> bool:
-    return any(isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get(TIRX_ATTR) for f in mod.functions.values())
+    return any(_written_in_tirx(f) for f in mod.functions.values())
 
 
 def _lower_tirx_apart(passes, mod):
@@ -453,7 +457,7 @@ def _lower_tirx_apart(passes, mod):
         return passes(mod)
     from tvm.tirx.compilation_pipeline import tirx_pipeline
 
-    written = {gv: f for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get(TIRX_ATTR)}
+    written = {gv: f for gv, f in mod.functions.items() if _written_in_tirx(f)}
     lowered = passes(tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in written}, attrs=mod.attrs))
     lowered.update(tirx_pipeline()[0](tvm.IRModule(written, attrs=mod.attrs)))
     return lowered

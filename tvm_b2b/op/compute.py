@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from tvm import te, tirx
 
 from .activation import activation as act
-from .conv import direct_conv, group_channel, guard, pixel, vector_lanes
+from .conv import direct_conv, group_channel, guard, kc_weights, pixel, vector_lanes
 from .conv_spec import ConvSpec
 from .spec import FusedConvSpec
 
@@ -64,8 +63,7 @@ class PairForm:
         return spec
 
     def arrays(self, spec: FusedConvSpec, arrays: dict) -> dict:
-        w1, w2 = arrays["w1"], arrays["w2"]
-        return {**arrays, "w1": np.ascontiguousarray(w1.reshape(-1, w1.shape[-1]).T), "w2": np.ascontiguousarray(w2.T)}
+        return {**arrays, "w1": kc_weights(arrays["w1"]), "w2": kc_weights(arrays["w2"])}
 
 
 def conv3x3_spec(spec: FusedConvSpec) -> ConvSpec:

@@ -97,9 +97,13 @@ class InputForm:
             w = np.pad(w, [(0, s * kh - spec.kh), (0, s * kw - spec.kw), (0, 0), (0, 0)])
             w = w.reshape(kh, s, kw, s, spec.c, spec.k).transpose(0, 2, 1, 3, 4, 5).reshape(kh, kw, -1, spec.k)
         w = pad_channels(w, self.spec(spec).c - w.shape[2], 2)
-        if self.weights == "kc":  # (k, kh*kw*c): each output channel's weights in one row, taps then channels
-            w = np.ascontiguousarray(w.reshape(-1, w.shape[3]).T)
-        return w
+        return kc_weights(w) if self.weights == "kc" else w
+
+
+def kc_weights(w: np.ndarray) -> np.ndarray:
+    """Weights (..., k) as (k, the rest): each output channel's weights in one contiguous row (HWIO's taps then
+    channels), a K-major GEMM operand."""
+    return np.ascontiguousarray(w.reshape(-1, w.shape[-1]).T)
 
 
 def pixel(spec, m):
