@@ -84,6 +84,22 @@ def kernel_assumed(t, j):
     return (t % 128 // 32 * 16 + t % 32 // 4 + j % 4 // 2 * 8, j // 4 * 8 + t % 4 * 2 + j % 2)
 
 
+def fragments(acc, cl, wgs: int, n: int):
+    """(tile row, channel, value) of every accumulator register of the consumer warpgroups: the value where
+    CUTLASS's layout `cl` puts it, the row and channel as the kernel's epilogue indexes them (kernel_assumed)."""
+    for wg in range(wgs):
+        for t in range(128):
+            for j in range(n // 2):
+                lr, lc = cl[(t, j)]
+                row, ch = kernel_assumed(t, j)
+                yield wg * 64 + row, ch, acc[wg * 64 + lr, lc]
+
+
+def swizzled(row: int, ch: int, bm: int) -> int:
+    """The element offset of (row, channel) in a tile of 64-channel boxes of bm rows, 128B-swizzled."""
+    return ch // 64 * bm * 64 + row * 64 + ((ch % 64 // 8) ^ (row % 8)) * 8 + ch % 8
+
+
 def act(v, name):
     if name == "relu":
         return np.maximum(v, 0)
@@ -147,22 +163,15 @@ def emulate(spec, cfg, second=None, rng=None):
                         with np.errstate(invalid="ignore"):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
             # epilogue 1
-            for wg in range(wgs):
-                for t in range(128):
-                    tx = wg * 128 + t
-                    for jj in range(bn // 2):
-                        lr, lc = cl[(t, jj)]
-                        val = acc[wg * 64 + lr, lc]
-                        row = wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + jj % 4 // 2 * 8
-                        ch = jj // 4 * 8 + tx % 4 * 2 + jj % 2
-                        pre = val * s[bk * bn + ch] + b[bk * bn + ch]
-                        at = ch // 64 * bm * 64 + row * 64 + ((ch % 64 // 8) ^ (row % 8)) * 8 + ch % 8
-                        if fused:
-                            smem[mid_at + at] = np.float16(act(pre, act1))
-                        elif residual:
-                            smem[y_at + at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), bk * bn + ch]), act1))
-                        else:
-                            smem[y_at + at] = np.float16(act(pre, act1))
+            for row, ch, val in fragments(acc, cl, wgs, bn):
+                pre = val * s[bk * bn + ch] + b[bk * bn + ch]
+                at = swizzled(row, ch, bm)
+                if fused:
+                    smem[mid_at + at] = np.float16(act(pre, act1))
+                elif residual:
+                    smem[y_at + at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), bk * bn + ch]), act1))
+                else:
+                    smem[y_at + at] = np.float16(act(pre, act1))
             if not fused:
                 for box in range(bn // 64):
                     tma_store(y, smem, y_at + box * bm * 64, ym, [bk * bn + box * 64, *tiling.origin(bi)])
@@ -180,20 +189,13 @@ def emulate(spec, cfg, second=None, rng=None):
                             B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn2)
                             with np.errstate(invalid="ignore"):
                                 acc2[wg * 64:(wg + 1) * 64] = (acc2[wg * 64:(wg + 1) * 64] if kc * 4 + kk > 0 else 0) + A @ B.T
-                for wg in range(wgs):
-                    for t in range(128):
-                        tx = wg * 128 + t
-                        for jj in range(bn2 // 2):
-                            lr, lc = cl2[(t, jj)]
-                            val = acc2[wg * 64 + lr, lc]
-                            row = wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + jj % 4 // 2 * 8
-                            ch = jj // 4 * 8 + tx % 4 * 2 + jj % 2
-                            pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
-                            at = y_at + ch // 64 * bm * 64 + row * 64 + ((ch % 64 // 8) ^ (row % 8)) * 8 + ch % 8
-                            if residual:
-                                smem[at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), jc * bn2 + ch]), act2))
-                            else:
-                                smem[at] = np.float16(act(pre, act2))
+                for row, ch, val in fragments(acc2, cl2, wgs, bn2):
+                    pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
+                    at = y_at + swizzled(row, ch, bm)
+                    if residual:
+                        smem[at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), jc * bn2 + ch]), act2))
+                    else:
+                        smem[at] = np.float16(act(pre, act2))
                 for box in range(bn2 // 64):
                     tma_store(y, smem, y_at + box * bm * 64, ym, [jc * bn2 + box * 64, *tiling.origin(bi)])
 

@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 
 from ..lower import TIRX_ATTR
+from ..op.activation import activation
 from ..op.conv import ConvSpec, InputForm
 from ..target import max_shared_bytes
 
@@ -44,8 +45,6 @@ FENCE_SOURCE = """
 __forceinline__ __device__ void tvm_b2b_fence_acc(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
 """  # after wgmma.wait_group: no read of an accumulator moves above the wait (CUTLASS's warpgroup_fence_operand);
 # TVM 0.27's T.cuda.wgmma.noop_barrier fails in codegen and takes its operand by value
-LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-STORE = "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"
 
 
 @dataclass(frozen=True)
@@ -82,8 +81,9 @@ def spec_problem(spec: ConvSpec) -> str | None:
     if not flat(spec) and spec.wo * spec.stride > min(256, 128 * spec.stride):
         return (f"{spec.wo} output columns at stride {spec.stride}: a block's pixels are whole output rows, at most 128, "
                 "and TMA's box spans at most 256 input columns")
-    if Tiling(spec, default_config(spec).bm).blocks > MAX_GRID_Y:
-        return f"{Tiling(spec, default_config(spec).bm).blocks} pixel blocks: CUDA's grid takes at most {MAX_GRID_Y} (blockIdx.y)"
+    blocks = Tiling(spec, default_config(spec).bm).blocks
+    if blocks > MAX_GRID_Y:
+        return f"{blocks} pixel blocks: CUDA's grid takes at most {MAX_GRID_Y} (blockIdx.y)"
     return None
 
 
@@ -190,16 +190,6 @@ def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
     return min(cfg.stages, steps(spec)) * (cfg.bm + cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2
 
 
-def _act(v, name: str):
-    from tvm.script import tirx as T
-
-    if name == "relu":
-        return T.max(v, T.float32(0))
-    if name == "relu6":
-        return T.min(T.max(v, T.float32(0)), T.float32(6))
-    return v
-
-
 @dataclass(frozen=True)
 class Second:
     """The fused pair's second GEMM (schedule/cuda_hopper_pair.py): a 1x1 conv of the first's output, which stays
@@ -251,7 +241,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     store = "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
     w_load = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
     residual = second.residual if fused else bool(spec.residual)
-    act, act2 = spec.act, second.act if fused else spec.act
+    act, act2 = activation(spec.act).te, activation(second.act if fused else spec.act).te
     # one step's wgmma left in flight (CUTLASS's mainloop): its buffer is released a step later, which needs a
     # second buffer for the producer to fill meanwhile (the single conv's; the pair's steps wait for their wgmma)
     overlap = stages >= 2 and not fused
@@ -350,12 +340,12 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 pre = T.meta_var(acc[j] * s[bk * bn + ch] + b[bk * bn + ch])
                 at = T.meta_var(ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
                 if fused:
-                    tiles[mid_at + at] = T.Cast("float16", _act(pre, act))
+                    tiles[mid_at + at] = T.Cast("float16", act(pre))
                 elif residual:
-                    tiles[y_at + at] = T.Cast("float16", _act(
-                        pre + T.Cast("float32", r[tiling.pixel(bi, row), bk * bn + ch]), act))
+                    tiles[y_at + at] = T.Cast("float16", act(
+                        pre + T.Cast("float32", r[tiling.pixel(bi, row), bk * bn + ch])))
                 else:
-                    tiles[y_at + at] = T.Cast("float16", _act(pre, act))
+                    tiles[y_at + at] = T.Cast("float16", act(pre))
             if fused:  # the second GEMM: mid (its warpgroup's rows) times w2's tiles, chunk by chunk of bn2 channels
                 T.ptx.fence.proxy.async_.shared__cta()  # mid's generic-proxy writes, visible to wgmma's reads
                 T.ptx.bar.sync(T.Cast("uint32", 1 + wg), T.uint32(128))  # a warpgroup reads only the rows of mid it wrote
@@ -385,10 +375,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                         pre = T.meta_var(acc2[j] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
                         at = T.meta_var(y_at + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
                         if residual:
-                            tiles[at] = T.Cast("float16", _act(
-                                pre + T.Cast("float32", r[tiling.pixel(bi, row), jc * bn2 + ch]), act2))
+                            tiles[at] = T.Cast("float16", act2(
+                                pre + T.Cast("float32", r[tiling.pixel(bi, row), jc * bn2 + ch])))
                         else:
-                            tiles[at] = T.Cast("float16", _act(pre, act2))
+                            tiles[at] = T.Cast("float16", act2(pre))
                     T.ptx.fence.proxy.async_.shared__cta()
                     T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                     if tx == 0:
