@@ -21,6 +21,7 @@
 #                                            tests (vs numpy; models, ResNet-50 b1/b32 included, vs onnxruntime), then bench/experiments/hopper_conv1x1.py:
 #                                            ResNet-50's batch-32 1x1 convs, each config against the mma.sync kernel and cuDNN (~7 min)
 #   bash bench/gpu_session.sh hopperpairs    the fused pairs (schedule/cuda_hopper_pair.py) vs the mma.sync template, cuDNN (~8 min)
+#   bash bench/gpu_session.sh hopperconvs    ResNet-50's single convs (batch 32 and 1) on TMA + wgmma, then on the mma.sync template
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1, then without, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
@@ -116,6 +117,12 @@ case "$1" in
         $(for n in 32; do for k2 in 64 128 256; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done; done) \
         $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
         --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
+    done
+    ;;
+  hopperconvs)  # bench_convs' ResNet-50 convs (batch 32 and 1), default configs, on TMA + wgmma and then on the mma.sync template
+    for on in 1 0; do
+      TVM_B2B_HOPPER=$on timeout "${LIMIT:-280}" python3 bench/bench_convs.py --config default --json "$out/convs_hopper$on.json" 2>&1 \
+        | tee "$out/convs_hopper$on.txt" | grep -v "^\s*$" | grep -v "^  best" | cut -c1-170
     done
     ;;
   hoppere2e)

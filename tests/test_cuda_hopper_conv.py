@@ -90,13 +90,15 @@ def test_tiling_takes_whole_rows_spread_evenly(case, bm, rows, blocks):
 
 @pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7])
 def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
-    """One kernel of 128 * (bm / 64 + 1) threads taking three tensor maps; its CUDA issues TMA loads (x's 4-d boxes,
-    w's 2-d ones) and a TMA store, waits on mbarriers and multiplies with wgmma m64n{bn}k16; nvcc compiles it for
-    sm_90a. A 1x1, a 3x3 and a strided 1x1 conv."""
-    cfg = hopper.HopperConfig.parse(config)
-    source = build(spec_of(case), "cuda:sm_90", config=config, db=None).source()
+    """One kernel of 128 * (bm / 64 + 1) threads taking three tensor maps (four with a residual, which TMA reads
+    into the output tile); its CUDA issues TMA loads (x's 4-d boxes, w's 2-d ones) and a TMA store, waits on
+    mbarriers, multiplies with wgmma m64n{bn}k16 and writes the output tile two channels a store; nvcc compiles it
+    for sm_90a. A 1x1, a 3x3 and a strided 1x1 conv."""
+    cfg, spec = hopper.HopperConfig.parse(config), spec_of(case)
+    source = build(spec, "cuda:sm_90", config=config, db=None).source()
     (params,) = kernels(source).values()
-    assert params.count("__grid_constant__ CUtensorMap") == 3
+    assert params.count("__grid_constant__ CUtensorMap") == 3 + bool(spec.residual)
+    assert ("CUtensorMap r_map" in params) == bool(spec.residual) and "tvm_b2b_store_half2(" in source
     assert f"__launch_bounds__({128 * (cfg.bm // 64 + 1)})" in source
     for instruction in (f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16", "cp.async.bulk.tensor.2d.shared::cluster",
                         "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta", "mbarrier.try_wait.parity", "wgmma.wait_group"):

@@ -79,15 +79,15 @@ def test_default_config_fits_shared_memory():
 
 @pytest.mark.parametrize("case,config", CASES[:3])
 def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
-    """One kernel taking four tensor maps (x, w1, w2, y); the 3x3's taps and w1 by TMA, w2 by TMA through the
-    same buffers; wgmma of n=k1 then n=bn; the consumer warpgroups sync by named barriers (bar.sync 8); nvcc
+    """One kernel taking four tensor maps (x, w1, w2, y; and r with a residual, read chunk by chunk into the output
+    tile); the 3x3's taps and w1 by TMA, w2 by TMA through the same buffers; wgmma of n=k1 then n=bn; the consumer warpgroups sync by named barriers (bar.sync 8); nvcc
     compiles it for sm_90a."""
     spec = spec_of(case)
     kernel = build(spec, "cuda:sm_90", config=config, db=None)
     cfg = pair.RULE.parse_config(config) or pair.default_config(spec)
     source = kernel.source()
     (params,) = kernels(source).values()
-    assert kernel.func_names == ["fused_conv3x3_conv1x1_wgmma"] and params.count("__grid_constant__ CUtensorMap") == 4
+    assert kernel.func_names == ["fused_conv3x3_conv1x1_wgmma"] and params.count("__grid_constant__ CUtensorMap") == 4 + bool(spec.residual)
     for instruction in (f"wgmma.mma_async.sync.aligned.m64n{spec.k1}k16", f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16",
                         "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta",
                         "bar_sync_count_sync((uint)8"):

@@ -1,7 +1,7 @@
 """A check without a GPU (written by a reviewer of the kernel): a numpy emulation of
 schedule/cuda_hopper_conv.kernel_func's data path (TMA boxes -> smem rows -> wgmma -> accumulator fragments ->
 swizzled epilogue -> TMA store), using the generator's own Tiling / map arguments, to check the index math (taps,
-coordinates, rows tiling, residual pixel, store coordinates) against a reference conv. It models the hardware; it
+coordinates, rows tiling, residual tile, store coordinates) against a reference conv. It models the hardware; it
 does not run the generated code (tests/test_cuda_hopper_*.py's GPU tests do).
     python3 bench/experiments/hopper_emulation.py   (about 12 s; tests/test_cuda_hopper_conv.py runs part of it)
 Hardware models: TMA tiled mode (zero fill OOB, OOB not stored, 128B swizzle = XOR of address bits [4,7) with [7,10)),
@@ -138,7 +138,7 @@ def emulate(spec, cfg, second=None, rng=None):
     b2 = rng.standard_normal(k2).astype(np.float32)
     r = rng.standard_normal((m, k2)).astype(np.float16)
     y = np.full((m, k2), np.nan, np.float32)
-    xf, wf, w2f = x.reshape(-1), w.reshape(-1), w2.reshape(-1)
+    xf, wf, w2f, rf = x.reshape(-1), w.reshape(-1), w2.reshape(-1), r.reshape(-1)
     cl = c_layout(bn)
     cl2 = c_layout(bn2)
     for (t, j), v in cl.items():
@@ -163,13 +163,15 @@ def emulate(spec, cfg, second=None, rng=None):
                         with np.errstate(invalid="ignore"):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
             # epilogue 1
+            if residual and not fused:
+                load_residual(smem, rf, ym, y_at, bm, bn, [bk * bn, *tiling.origin(bi)])
             for row, ch, val in fragments(acc, cl, wgs, bn):
                 pre = val * s[bk * bn + ch] + b[bk * bn + ch]
                 at = swizzled(row, ch, bm)
                 if fused:
                     smem[mid_at + at] = np.float16(act(pre, act1))
-                elif residual:
-                    smem[y_at + at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), bk * bn + ch]), act1))
+                elif residual:  # the residual tile's element, where the output's goes
+                    smem[y_at + at] = np.float16(act(pre + smem[y_at + at], act1))
                 else:
                     smem[y_at + at] = np.float16(act(pre, act1))
             if not fused:
@@ -189,11 +191,13 @@ def emulate(spec, cfg, second=None, rng=None):
                             B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn2)
                             with np.errstate(invalid="ignore"):
                                 acc2[wg * 64:(wg + 1) * 64] = (acc2[wg * 64:(wg + 1) * 64] if kc * 4 + kk > 0 else 0) + A @ B.T
+                if residual:
+                    load_residual(smem, rf, ym, y_at, bm, bn2, [jc * bn2, *tiling.origin(bi)])
                 for row, ch, val in fragments(acc2, cl2, wgs, bn2):
                     pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
                     at = y_at + swizzled(row, ch, bm)
                     if residual:
-                        smem[at] = np.float16(act(pre + np.float32(r[pixel(tiling, bi, row), jc * bn2 + ch]), act2))
+                        smem[at] = np.float16(act(pre + smem[at], act2))
                     else:
                         smem[at] = np.float16(act(pre, act2))
                 for box in range(bn2 // 64):
@@ -217,13 +221,11 @@ def emulate(spec, cfg, second=None, rng=None):
     return y, ref
 
 
-def pixel(tiling, bi, row):
-    spec = tiling.spec
-    col, r0, image = tiling.origin(bi)
-    if H.flat(spec):
-        return min(col + row, spec.m - 1)
-    wo = spec.wo
-    return min((image * spec.ho + r0 + row // wo) * wo + row % wo, spec.m - 1)
+def load_residual(smem, rf, ym, y_at, bm, channels, coords):
+    """The residual tile's TMA loads (y's map on r, in boxes of 64 channels) into the output tile."""
+    for box in range(channels // 64):
+        rows = tma_load(rf, ym[0:4], ym[4:7], ym[7:11], [coords[0] + box * 64, *coords[1:]])
+        smem_write_rows(smem, y_at + box * bm * 64, rows)
 
 
 def tma_store(y, smem, base_el, ym, coords):

@@ -45,6 +45,11 @@ FENCE_SOURCE = """
 __forceinline__ __device__ void tvm_b2b_fence_acc(float& r) { asm volatile("" : "+f"(r) :: "memory"); }
 """  # after wgmma.wait_group: no read of an accumulator moves above the wait (CUTLASS's warpgroup_fence_operand);
 # TVM 0.27's T.cuda.wgmma.noop_barrier fails in codegen and takes its operand by value
+STORE_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_store_half2(half* at, float lo, float hi) {
+  *reinterpret_cast<half2*>(at) = __floats2half2_rn(lo, hi);
+}
+"""  # an accumulator pair (two adjacent channels) as one 4-byte shared store: half the epilogue's store instructions
 
 
 @dataclass(frozen=True)
@@ -168,16 +173,6 @@ class Tiling:
         rh, rw = t // s.kw, t % s.kw
         return col + rw - s.pad_w, s.stride * row + rh - s.pad_h, image
 
-    def pixel(self, bi, r):
-        """The (m) index of the pixel of row r of block bi's tile (clamped into the tensor: a row past the box is
-        computed, never stored)."""
-        from tvm import tirx
-
-        col, row, image = self.origin(bi)
-        if flat(self.spec):
-            return tirx.min(col + r, self.spec.m - 1)
-        wo = self.spec.wo
-        return tirx.min((image * self.spec.ho + row + r // wo) * wo + r % wo, self.spec.m - 1)
 
 
 def steps(spec: ConvSpec) -> int:
@@ -235,6 +230,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     w_map_args = [r_dim, k, r_dim * 2, BK, bn, 1, 1, 0, SWIZZLE_128B, 0, 0]
     w2_map_args = [k, k2, k * 2, BK, bn2, 1, 1, 0, SWIZZLE_128B, 0, 0]
     y_map_args = Tiling(out, bm).y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
+    res_bytes = bn2 // 64 * tiling.pixels * 64 * 2  # a residual tile, loaded by TMA in y's boxes into the output tile
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{WGMMA_K}.f32.f16.f16"
     mma2 = f"wgmma.mma_async.sync.aligned.m64n{bn2}k{WGMMA_K}.f32.f16.f16"
     load = "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -274,6 +270,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.call_packed("runtime.cuTensorMapEncodeTiled", w2_map, "float16", 2, w2.data, *w2_map_args)
         y_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
         T.call_packed("runtime.cuTensorMapEncodeTiled", y_map, "float16", 4, y.data, *y_map_args)
+        r_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        if residual:
+            T.call_packed("runtime.cuTensorMapEncodeTiled", r_map, "float16", 4, r.data, *y_map_args)
 
         T.device_entry()
         bk, bi = T.cta_id([k // bn, tiling.blocks])
@@ -281,6 +280,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         tiles = T.alloc_buffer((pool,), "float16", scope="shared.dyn", align=1024)
         full = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
         empty = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
+        res_full = T.alloc_buffer((1,), "uint64", scope="shared", align=8)  # a residual tile in the output tile
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
         desc_x: T.uint64  # TIRx declares a local scalar by annotation (linters see a name without a value)
@@ -290,8 +290,14 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             for i in T.serial(stages):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(full[i]), T.uint32(1))
                 T.ptx.mbarrier.init.shared.b64(T.address_of(empty[i]), T.uint32(4 * wgs))
+            T.ptx.mbarrier.init.shared.b64(T.address_of(res_full[0]), T.uint32(1))
         T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
+        if residual and tx == 0:  # the (first chunk's) residual tile, read while the mainloop runs
+            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(res_full[0]), T.uint32(res_bytes))
+            for box in T.serial(bn2 // 64):
+                T.ptx[load](T.address_of(tiles[y_at + box * bm * 64]), T.address_of(r_map), bk * bn + box * 64,
+                            *tiling.origin(bi), T.address_of(res_full[0]))
         if wg == wgs:  # the producer: one thread issues every step's copies (step ko: tap ko // c_steps)
             if tx == wgs * 128:
                 for ko in T.serial(all_steps):
@@ -333,19 +339,24 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             for i in T.unroll(acc_regs):
                 T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
             # accumulator j of m64nNk16 (f32): row 16 * warp + lane / 4 (+8 for j % 4 >= 2), channel
-            # 8 * (j // 4) + 2 * (lane % 4) + j % 2; the tile is 128B-swizzled: 16-byte chunk (ch / 8) ^ (row % 8)
-            for j in T.unroll(acc_regs):
-                row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 4 // 2 * 8)
-                ch = T.meta_var(j // 4 * 8 + tx % 4 * 2 + j % 2)
-                pre = T.meta_var(acc[j] * s[bk * bn + ch] + b[bk * bn + ch])
-                at = T.meta_var(ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
-                if fused:
-                    tiles[mid_at + at] = T.Cast("float16", act(pre))
-                elif residual:
-                    tiles[y_at + at] = T.Cast("float16", act(
-                        pre + T.Cast("float32", r[tiling.pixel(bi, row), bk * bn + ch])))
+            # 8 * (j // 4) + 2 * (lane % 4) + j % 2; the tile is 128B-swizzled: 16-byte chunk (ch / 8) ^ (row % 8).
+            # Pair p = j // 2 holds two adjacent channels (ch, ch + 1) of one row: one half2 store
+            if residual and not fused:
+                T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
+            for p in T.unroll(acc_regs // 2):
+                row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8)
+                ch = T.meta_var(p // 2 * 8 + tx % 4 * 2)
+                lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
+                hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
+                at = T.meta_var((mid_at if fused else y_at) + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8
+                                + ch % 8)
+                if residual and not fused:  # the residual tile's element sits where the output's goes
+                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
+                                     act(lo + T.Cast("float32", tiles[at])), act(hi + T.Cast("float32", tiles[at + 1])),
+                                     source_code=STORE_SOURCE)
                 else:
-                    tiles[y_at + at] = T.Cast("float16", act(pre))
+                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), act(lo), act(hi),
+                                     source_code=STORE_SOURCE)
             if fused:  # the second GEMM: mid (its warpgroup's rows) times w2's tiles, chunk by chunk of bn2 channels
                 T.ptx.fence.proxy.async_.shared__cta()  # mid's generic-proxy writes, visible to wgmma's reads
                 T.ptx.bar.sync(T.Cast("uint32", 1 + wg), T.uint32(128))  # a warpgroup reads only the rows of mid it wrote
@@ -367,18 +378,23 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                             T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
                     for i in T.unroll(acc2_regs):
                         T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
-                    if jc > 0:  # the last chunk's store has read the output tile (its thread waited for it)
+                    if residual:  # chunk jc's residual tile (loaded once the last chunk's store had read the tile)
+                        T.cuda.mbarrier_wait(T.address_of(res_full[0]), jc % 2)
+                    elif jc > 0:  # the last chunk's store has read the output tile (its thread waited for it)
                         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                    for j in T.unroll(acc2_regs):
-                        row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + j % 4 // 2 * 8)
-                        ch = T.meta_var(j // 4 * 8 + tx % 4 * 2 + j % 2)
-                        pre = T.meta_var(acc2[j] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
+                    for p in T.unroll(acc2_regs // 2):
+                        row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8)
+                        ch = T.meta_var(p // 2 * 8 + tx % 4 * 2)
+                        lo = T.meta_var(acc2[2 * p] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
+                        hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
                         at = T.meta_var(y_at + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
                         if residual:
-                            tiles[at] = T.Cast("float16", act2(
-                                pre + T.Cast("float32", r[tiling.pixel(bi, row), jc * bn2 + ch])))
+                            T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
+                                             act2(lo + T.Cast("float32", tiles[at])),
+                                             act2(hi + T.Cast("float32", tiles[at + 1])), source_code=STORE_SOURCE)
                         else:
-                            tiles[at] = T.Cast("float16", act2(pre))
+                            T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), act2(lo), act2(hi),
+                                             source_code=STORE_SOURCE)
                     T.ptx.fence.proxy.async_.shared__cta()
                     T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                     if tx == 0:
@@ -387,6 +403,11 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                          T.address_of(tiles[y_at + box * bm * 64]))
                         T.ptx.cp.async_.bulk.commit_group()
                         T.ptx.cp.async_.bulk.wait_group(0)
+                        if residual and jc + 1 < chunks:  # the next chunk's residual, into the tile the store has read
+                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(res_full[0]), T.uint32(res_bytes))
+                            for box in T.serial(bn2 // 64):
+                                T.ptx[load](T.address_of(tiles[y_at + box * bm * 64]), T.address_of(r_map),
+                                            (jc + 1) * bn2 + box * 64, *tiling.origin(bi), T.address_of(res_full[0]))
         if not fused:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()
