@@ -20,8 +20,9 @@ in shared memory, as wgmma reads them); which pixels a block takes and how TMA r
   tile in shared memory, stored by TMA in 64-channel boxes. TMA reads coordinates outside a tensor as zeros
   and does not write them: any pixel count works, and the conv's padding costs nothing.
 
-OFF by default: `TVM_B2B_HOPPER=1` turns it on (can_implement), until the GPU machine has measured it against
-cuda_conv (`bash bench/gpu_session.sh hopper`); it has been built and compiled (nvcc sm_90a), not run.
+ON by default on sm_90 (`TVM_B2B_HOPPER=0` turns it off) where it measured faster than cuda_conv's kernel on the
+H200 (`bash bench/gpu_session.sh hopperconvs`, bench/results/convs_h200_s15_hopper*.txt): at batch 32 every
+ResNet-50 conv with 4+ reduction steps, 1.2-1.9x (3x3 7x7 512: 22.9 vs 42.4 us); `measured_slower` names where not.
 """
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ from ..op.activation import activation
 from ..op.conv import ConvSpec, InputForm
 from ..target import max_shared_bytes
 
-ENABLE_ENV = "TVM_B2B_HOPPER"
+ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": the Hopper kernels off (cuda_conv's everywhere)
+SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
+MIN_STEPS = 4  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
@@ -89,6 +92,26 @@ def spec_problem(spec: ConvSpec) -> str | None:
     blocks = Tiling(spec, default_config(spec).bm).blocks
     if blocks > MAX_GRID_Y:
         return f"{blocks} pixel blocks: CUDA's grid takes at most {MAX_GRID_Y} (blockIdx.y)"
+    return None
+
+
+def measured_slower(spec: ConvSpec, cfg: HopperConfig, blocks: int) -> str | None:
+    """Where cuda_conv's kernel measured faster than this one (H200, bench/results/convs_h200_s15_hopper*.txt), or None:
+    - fewer blocks than a quarter of the SMs (batch 1: 7x7 2048->512, 14.1 vs 6.9 us; 3x3 7x7 512, 17.1 vs 10.2):
+      its split-K spreads a long reduction over more SMs, and its smaller tiles make more blocks;
+    - fewer than MIN_STEPS reduction steps (a 1x1 of 64 channels, 56x56 64->256 at batch 32: 40.7 vs 29.4 us): each
+      block's epilogue (its whole output tile through shared memory) then outweighs its mainloop, and this kernel
+      does not overlap the two;
+    - a strided 1x1 (56x56 256->512 stride 2: 31.6 vs 31.0 us at batch 32, 6.7 vs 4.8 at batch 1): TMA's strided
+      traversal of x reads every other pixel through whole rows."""
+    if blocks < SM90_SMS // 4:
+        return (f"{blocks} blocks, fewer than a quarter of sm_90's {SM90_SMS} SMs: the mma.sync kernel (split-K) "
+                "measured faster at such sizes")
+    if steps(spec) < MIN_STEPS:
+        return (f"{steps(spec)} reduction step(s) of {BK} channels: the epilogue dominates, where the mma.sync kernel "
+                "measured faster")
+    if spec.kh * spec.kw == 1 and spec.stride > 1:
+        return f"a strided 1x1 conv (stride {spec.stride}): the mma.sync kernel measured faster"
     return None
 
 
@@ -426,19 +449,22 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
 
 
 class HopperRule:
-    """What the Hopper rules share: off unless TVM_B2B_HOPPER=1, sm_90 only, `optional` (for some specs only:
-    rule_for falls back past them to the template's rule, and its reasons), parameters given, not searched."""
+    """What the Hopper rules share: sm_90 only, a switch (`switch`, on where it is "1", `default` when unset),
+    `optional` (for some specs only: rule_for falls back past them to the template's rule, and its reasons),
+    parameters given, not searched."""
 
     name = "Hopper TMA + wgmma"
     knobs: dict = {}
     optional = True
+    switch, default = ENABLE_ENV, "1"
 
     def problem(self, spec) -> str | None:
+        """Why the kernel cannot compute the spec, or where it measured slower than the template's."""
         raise NotImplementedError
 
     def can_implement(self, spec, info) -> str | None:
-        if os.environ.get(ENABLE_ENV) != "1":
-            return f"off by default until measured on a GPU ({ENABLE_ENV}=1 turns it on)"
+        if os.environ.get(self.switch, self.default) != "1":
+            return f"the Hopper kernel is off ({self.switch}={os.environ.get(self.switch, self.default)})"
         if info.arch != 90:
             return f"sm_{info.arch}: wgmma and TMA need sm_90"
         return self.problem(spec)
@@ -451,7 +477,10 @@ class HopperConvRule(HopperRule):
     """sm_90 convs on TMA + wgmma."""
 
     def problem(self, spec: ConvSpec) -> str | None:
-        return spec_problem(spec)
+        if spec_problem(spec):
+            return spec_problem(spec)
+        cfg = default_config(spec)
+        return measured_slower(spec, cfg, spec.k // cfg.bn * Tiling(spec, cfg.bm).blocks)
 
     def default_config(self, spec: ConvSpec, info) -> HopperConfig:
         return default_config(spec)

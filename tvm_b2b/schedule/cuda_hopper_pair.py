@@ -6,8 +6,11 @@ second epilogue (scale, bias, [residual], act) goes out by TMA. No intermediate 
 per tap (each tap is one TMA box of x). No public library has this kernel on Hopper (CUTLASS's fused example
 stops at sm_80).
 
-Off unless TVM_B2B_HOPPER=1, as cuda_hopper_conv; built and compiled (nvcc sm_90a), not yet run on a GPU. Groups 1,
-fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3.
+Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3.
+OFF by default (`TVM_B2B_HOPPER_PAIR=1` turns it on): correct on the H200 (its GPU tests, ResNet-50 vs onnxruntime), but
+slower than its two convs as cuda_hopper_conv's single kernels (bench/results/fused_h200_s15_hopper1.txt, N=32:
+14x14 256->256->1024 +r 38.4 us against 19.4 + 16.7; 28x28 128->128->512 +r 65.7 against 20.3 + 33.6; 56x56 64->64->256
++r 101.7 against cuda_wmma's fused 68.0): the second GEMM runs chunk after chunk with its epilogue, nothing overlapped.
 """
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ import dataclasses
 from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
-from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, kernel_func, spec_problem
+from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, Tiling, kernel_func, measured_slower, spec_problem
+
+PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1": the fused pair on TMA + wgmma (off by default: see above)
 
 
 def pair_problem(spec: FusedConvSpec) -> str | None:
@@ -59,8 +64,13 @@ def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3
 class HopperPairRule(HopperRule):
     """sm_90 fused pairs on TMA + wgmma; runs every pair it takes fused."""
 
+    switch, default = PAIR_ENV, "0"
+
     def problem(self, spec: FusedConvSpec) -> str | None:
-        return pair_problem(spec)
+        if pair_problem(spec):
+            return pair_problem(spec)
+        cfg = default_config(spec)
+        return measured_slower(conv3x3_spec(spec), cfg, Tiling(conv3x3_spec(spec), cfg.bm).blocks)
 
     def default_config(self, spec: FusedConvSpec, info) -> HopperConfig:
         return default_config(spec, info.arch)
