@@ -20,10 +20,13 @@
 #   bash bench/gpu_session.sh hopper         sm_90's TMA + wgmma kernels (schedule/cuda_hopper_conv.py, cuda_hopper_pair.py): their GPU
 #                                            tests (vs numpy; models, ResNet-50 b1/b32 included, vs onnxruntime), then bench/experiments/hopper_conv1x1.py:
 #                                            ResNet-50's batch-32 1x1 convs, each config against the mma.sync kernel and cuDNN (~7 min)
-#   bash bench/gpu_session.sh hopperpairs    the fused pairs (schedule/cuda_hopper_pair.py) vs the mma.sync template, cuDNN (~8 min)
-#   bash bench/gpu_session.sh hopperconvs    ResNet-50's single convs (batch 32 and 1) on TMA + wgmma, then on the mma.sync template
-#   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1, then without, on the shipped records
+#   bash bench/gpu_session.sh hopperpairs    the fused pairs (schedule/cuda_hopper_pair.py, TVM_B2B_HOPPER_PAIR=all) vs the mma.sync
+#                                            template, cuDNN (~2 min)
+#   bash bench/gpu_session.sh hopperconvs    ResNet-50's single convs (batch 32 and 1) on TMA + wgmma (TVM_B2B_HOPPER=all), then
+#                                            on the mma.sync template (=0)
+#   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1 (the default), then 0, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
+#                                            of the mma.sync template (TVM_B2B_HOPPER=0 unless given)
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
 #                                            the machine: carry ".devcarry/wheels" made by `pip download -d .devcarry/wheels tornado`)
@@ -113,7 +116,7 @@ case "$1" in
   hopperpairs)  # bench_fused's dense pairs (N=32 56x56 sweep, ResNet-50's +residual pairs at N=1 and 32), fused on TMA + wgmma,
                 # then on the mma.sync template; each run's unfused row is the template's two kernels, torch's row cuDNN
     for on in 1 0; do
-      TVM_B2B_HOPPER=$on timeout 280 python3 bench/bench_fused.py --config default \
+      TVM_B2B_HOPPER_PAIR=$([ $on = 1 ] && echo all || echo 0) timeout 280 python3 bench/bench_fused.py --config default \
         $(for n in 32; do for k2 in 64 128 256; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done; done) \
         $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
         --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
@@ -121,7 +124,7 @@ case "$1" in
     ;;
   hopperconvs)  # bench_convs' ResNet-50 convs (batch 32 and 1), default configs, on TMA + wgmma and then on the mma.sync template
     for on in 1 0; do
-      TVM_B2B_HOPPER=$on timeout "${LIMIT:-280}" python3 bench/bench_convs.py --config default --json "$out/convs_hopper$on.json" 2>&1 \
+      TVM_B2B_HOPPER=$([ $on = 1 ] && echo all || echo 0) timeout "${LIMIT:-280}" python3 bench/bench_convs.py --config default --json "$out/convs_hopper$on.json" 2>&1 \
         | tee "$out/convs_hopper$on.txt" | grep -v "^\s*$" | grep -v "^  best" | cut -c1-170
     done
     ;;
@@ -163,7 +166,7 @@ case "$1" in
   convs)
     shift; cfgs=(--config default); for c in "$@"; do cfgs+=(--config "$c"); done; specs=()
     for c in ${CASES:-}; do specs+=(--spec "$c"); done
-    timeout "${LIMIT:-300}" python3 bench/bench_convs.py "${specs[@]}" "${cfgs[@]}" --json "$out/convs${TAG:-}.json" 2>&1 \
+    TVM_B2B_HOPPER=${TVM_B2B_HOPPER:-0} timeout "${LIMIT:-300}" python3 bench/bench_convs.py "${specs[@]}" "${cfgs[@]}" --json "$out/convs${TAG:-}.json" 2>&1 \
       | tee "$out/convs${TAG:-}.txt" | grep -v "^\s*$"
     ;;
   legalized)

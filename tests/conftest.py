@@ -17,3 +17,10 @@ def pytest_collection_modifyitems(config, items):
 
 # onnx_models/: the test models' generators (torchvision_models: real exports), importable by name
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "onnx_models"))
+
+
+@pytest.fixture
+def mma_sync(monkeypatch):
+    """The mma.sync template's kernels on sm_90 too (TVM_B2B_HOPPER=0): for tests of that template's choices, which
+    the Hopper kernel (on by default on sm_90 where it measured faster) would otherwise take."""
+    monkeypatch.setenv("TVM_B2B_HOPPER", "0")

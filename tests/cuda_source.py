@@ -19,7 +19,9 @@ def nvcc_arches() -> set[str]:
 
 
 def nvcc_compile(source: str, arch: str, tmp_path) -> None:
-    """Compile to a cubin; raises with nvcc's message when the source does not compile."""
+    """Compile to a cubin; raises with nvcc's message when the source does not compile. sm_90 source that holds the
+    Hopper kernels (wgmma) compiles for sm_90a, as tvm_b2b.codegen builds it."""
+    arch = "sm_90a" if arch == "sm_90" and "wgmma." in source else arch
     path = tmp_path / f"kernel_{arch}.cu"
     path.write_text(source)
     result = subprocess.run(

@@ -256,7 +256,7 @@ WIDE = [dict(n=32, h=14, w=14, c=1024, k=256), dict(n=32, h=7, w=7, c=512, k=512
 
 
 @pytest.mark.parametrize("kind", WIDE, ids=["14x14-1x1", "7x7-3x3-residual"])
-def test_cuda_wide_default_builds(kind, tmp_path):
+def test_cuda_wide_default_builds(mma_sync, kind, tmp_path):
     """A deep reduction of a large layer gets the wide tiles by default; a shallow one, or a small layer
     (batch 1), keeps the 64-channel tiles; nvcc compiles the wide kernel for sm_90."""
     spec, target = ConvSpec(**kind, dtype="float16"), parse_target("cuda:sm_90")
@@ -270,5 +270,5 @@ def test_cuda_wide_default_builds(kind, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", WIDE, ids=["14x14-1x1", "7x7-3x3-residual"])
-def test_cuda_wide_default_matches_reference(kind):
+def test_cuda_wide_default_matches_reference(mma_sync, kind):
     _assert_computes_op(ConvSpec(**kind, dtype="float16"), "cuda")

@@ -37,7 +37,10 @@ def spec_of(text: str) -> ConvSpec:
 
 @pytest.fixture
 def hopper_on(monkeypatch):
-    monkeypatch.setenv(hopper.ENABLE_ENV, "1")
+    """The kernels wherever they compute the spec (these small specs are where the template measured faster); the
+    pair's too (the model tests' pair)."""
+    monkeypatch.setenv(hopper.ENABLE_ENV, "all")
+    monkeypatch.setenv("TVM_B2B_HOPPER_PAIR", "all")
 
 
 @pytest.mark.parametrize("case,why", [
@@ -55,16 +58,46 @@ def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
         hopper.conv_func(spec, hopper.HopperConfig())
 
 
-def test_rule_is_off_by_default_and_sm90_only(monkeypatch):
-    """Without TVM_B2B_HOPPER=1 (not measured yet) and on sm_80 even with it: cuda_conv's kernel, with the reason."""
-    spec, info = spec_of("n=1,h=8,w=8,c=64,k=128"), target_info(SM90)
+@pytest.mark.parametrize("case,why", [
+    ("n=1,h=14,w=14,c=1024,k=256", "fewer than half of sm_90's 132 SMs"),  # batch 1: 4 blocks
+    ("n=32,h=56,w=56,c=64,k=256,act=none", "1 reduction step(s)"), ("n=32,h=56,w=56,c=256,k=512,stride=2", "strided 1x1")])
+def test_rule_leaves_to_the_template_where_it_measured_slower(monkeypatch, case, why):
+    """By default (TVM_B2B_HOPPER unset or 1): where cuda_conv's kernel measured faster on the H200, its rule takes
+    the conv, with the reason; TVM_B2B_HOPPER=all takes it anyway."""
+    spec, info = spec_of(case), target_info(SM90)
     monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
-    assert "off by default" in hopper.RULE.can_implement(spec, info)
-    assert plan(spec, SM90).kernels[0].attrs.get(hopper.TIRX_ATTR) is None
-    monkeypatch.setenv(hopper.ENABLE_ENV, "1")
-    assert "need sm_90" in hopper.RULE.can_implement(spec, target_info(parse_target("cuda:sm_80")))
+    assert why in hopper.RULE.can_implement(spec, info)
+    assert rule_for(SM90, "conv2d", spec).name != hopper.RULE.name
+    monkeypatch.setenv(hopper.ENABLE_ENV, "all")
+    assert rule_for(SM90, "conv2d", spec) is hopper.RULE
+
+
+def test_rule_is_on_by_default_on_sm90_only(monkeypatch):
+    """ResNet-50's batch-32 convs of 2+ reduction steps (3x3s, the 1x1s of 128+ channels) run on the Hopper kernel
+    by default; TVM_B2B_HOPPER=0 turns it off, and sm_80 has no wgmma: cuda_conv's kernel, with the reason."""
+    info = target_info(SM90)
+    monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
+    for case in ("n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "n=32,h=28,w=28,c=128,k=512,residual=1",
+                 "n=32,h=7,w=7,c=2048,k=512", "n=32,h=56,w=56,c=128,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1"):
+        assert hopper.RULE.can_implement(spec_of(case), info) is None, case
+    spec = spec_of("n=32,h=14,w=14,c=1024,k=256")
     planned = plan(spec, SM90)
     assert planned.kernels[0].attrs[hopper.TIRX_ATTR] and planned.input_form == InputForm(weights="kc")
+    assert "need sm_90" in hopper.RULE.can_implement(spec, target_info(parse_target("cuda:sm_80")))
+    monkeypatch.setenv(hopper.ENABLE_ENV, "0")
+    assert "off (TVM_B2B_HOPPER=0)" in hopper.RULE.can_implement(spec, info)
+    assert plan(spec, SM90).kernels[0].attrs.get(hopper.TIRX_ATTR) is None
+
+
+@pytest.mark.parametrize("case,config", [
+    ("n=32,h=28,w=28,c=128,k=512,residual=1", "bm=128,bn=256,stages=4"),  # 2 steps: 256 channels a block
+    ("n=32,h=7,w=7,c=2048,k=512", "bm=64,bn=128,stages=4"),  # 52 blocks of 128 pixels: 64-pixel ones
+    ("n=32,h=14,w=14,c=256,k=1024,residual=1", "bm=128,bn=128,stages=4"),
+    ("n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=128,stages=4")])  # 4 rows of 14 fill 64
+def test_default_config(case, config):
+    """The configs measured fastest on the H200 (bench/results/convs_h200_s15_hopper_configs.txt): 256 channels for a
+    reduction of 1-2 steps, 64 pixels where 128 leave SMs idle or whole rows fit 64 as well."""
+    assert hopper.default_config(spec_of(case)) == hopper.HopperConfig.parse(config)
 
 
 def test_kc_weights_are_each_output_channels_row():

@@ -1,4 +1,4 @@
-"""schedule/cuda_hopper_pair.py: the fused 3x3 -> 1x1 pair on sm_90's TMA + wgmma (off unless TVM_B2B_HOPPER=1).
+"""schedule/cuda_hopper_pair.py: the fused 3x3 -> 1x1 pair on sm_90's TMA + wgmma (off unless TVM_B2B_HOPPER_PAIR=1).
 CPU: which pairs it takes and why not, the weights it is given, its kernel's instructions and an nvcc sm_90a
 compile. GPU (sm_90 only): the kernel vs numpy. What it measures: `bash bench/gpu_session.sh hopper`."""
 import numpy as np
@@ -10,7 +10,8 @@ from tvm_b2b.op.compute import PairForm
 from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule import plan, rule_for
 from tvm_b2b.schedule import cuda_hopper_pair as pair
-from tvm_b2b.schedule.cuda_hopper_conv import ENABLE_ENV, TIRX_ATTR
+from tvm_b2b.schedule.cuda_hopper_conv import TIRX_ATTR
+from tvm_b2b.schedule.cuda_hopper_pair import PAIR_ENV
 from tvm_b2b.target import parse_target, target_info
 
 SM90 = parse_target("cuda:sm_90")
@@ -30,7 +31,8 @@ def spec_of(text: str) -> FusedConvSpec:
 
 @pytest.fixture
 def hopper_on(monkeypatch):
-    monkeypatch.setenv(ENABLE_ENV, "1")
+    """The kernel wherever it computes the pair (these small pairs are where the template measured faster)."""
+    monkeypatch.setenv(PAIR_ENV, "all")
 
 
 @pytest.mark.parametrize("case,why", [("n=1,h=8,w=300,c=64,k1=64,k2=64", "300 output columns"),
@@ -47,11 +49,14 @@ def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
 
 
 def test_rule_is_off_by_default(monkeypatch):
-    spec = spec_of("n=1,h=8,w=8,c=64,k1=64,k2=128")
-    monkeypatch.delenv(ENABLE_ENV, raising=False)
-    assert "off by default" in pair.RULE.can_implement(spec, target_info(SM90))
+    """Off unless TVM_B2B_HOPPER_PAIR=1 (slower than its two convs on the Hopper conv kernel); then on where it fills
+    half the SMs (ResNet-50's 14x14 pair at batch 32, not at batch 1)."""
+    spec, small = spec_of("n=32,h=14,w=14,c=256,k1=256,k2=1024,residual=1"), spec_of("n=1,h=14,w=14,c=256,k1=256,k2=1024")
+    monkeypatch.delenv(PAIR_ENV, raising=False)
+    assert "off (TVM_B2B_HOPPER_PAIR=0)" in pair.RULE.can_implement(spec, target_info(SM90))
     assert plan(spec, SM90).kernels[0].attrs.get(TIRX_ATTR) is None
-    monkeypatch.setenv(ENABLE_ENV, "1")
+    monkeypatch.setenv(PAIR_ENV, "1")
+    assert "fewer than half" in pair.RULE.can_implement(small, target_info(SM90))
     planned = plan(spec, SM90)
     assert planned.fused and planned.kernels[0].attrs[TIRX_ATTR] and planned.input_form == PairForm()
     assert len(plan(spec, SM90, fused=False).kernels) == 2  # the two-kernel form asked for: the template's

@@ -544,10 +544,10 @@ def test_old_records_are_not_misread_and_migrate(tmp_path, caplog):
     assert cuda_wmma.config_of(record.trace) == FAST and [float(s) for s in record.run_secs] == [3e-5]
 
 
-def test_tune_refuses_what_it_cannot_search():
+def test_tune_refuses_what_it_cannot_search(mma_sync):
     """A single conv that splits its reduction by default (a tuned config runs whole; the split is not
-    searched) is a one-line reason; a batch-32 conv (one kernel by default) is tuned, and a CUDA-core
-    conv (no parameters) is measured once (tune_spec: no search)."""
+    searched) is a one-line reason; a batch-32 conv (one kernel by default; on the mma.sync template: the Hopper
+    kernel has nothing to tune) is tuned, and a CUDA-core conv (no parameters) is measured once (tune_spec: no search)."""
     import argparse
 
     from tvm_b2b.cli import UserError, _specs_to_tune

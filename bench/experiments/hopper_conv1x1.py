@@ -86,7 +86,7 @@ def run_gpu(spec: ConvSpec, configs) -> list[str]:
         us = float(np.median(lib.time_evaluator("main", dev, number=20, repeat=5)(*args, y).results)) * 1e6
         lines.append(f"{spec.to_string()} {name}: {us:.1f} us {spec.flops / us / 1e6:.0f} TFLOP/s, "
                      f"max abs error {err:.3g}: {'OK' if ok else 'WRONG'}")
-    os.environ.pop(hopper.ENABLE_ENV, None)  # the product's rule today: cuda_conv's mma.sync kernel
+    os.environ[hopper.ENABLE_ENV] = "0"  # the mma.sync kernel (cuda_conv), the Hopper kernel off
     kernel = product_build(spec, "cuda", db=None)
     us = kernel.time_us(arrays)
     lines.append(f"{spec.to_string()} mma.sync (cuda_conv default): {us:.1f} us {spec.flops / us / 1e6:.0f} TFLOP/s")

@@ -22,7 +22,7 @@ in shared memory, as wgmma reads them); which pixels a block takes and how TMA r
 
 ON by default on sm_90 (`TVM_B2B_HOPPER=0` turns it off) where it measured faster than cuda_conv's kernel on the
 H200 (`bash bench/gpu_session.sh hopperconvs`, bench/results/convs_h200_s15_hopper*.txt): at batch 32 every
-ResNet-50 conv with 4+ reduction steps, 1.2-1.9x (3x3 7x7 512: 22.9 vs 42.4 us); `measured_slower` names where not.
+ResNet-50 conv with 2+ reduction steps, 1.2-1.9x (3x3 7x7 512: 22.9 vs 42.4 us); `measured_slower` names where not.
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from ..op.activation import activation
 from ..op.conv import ConvSpec, InputForm
 from ..target import max_shared_bytes
 
-ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": the Hopper kernels off (cuda_conv's everywhere)
+ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
 SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
-MIN_STEPS = 4  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
+MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
@@ -97,15 +97,16 @@ def spec_problem(spec: ConvSpec) -> str | None:
 
 def measured_slower(spec: ConvSpec, cfg: HopperConfig, blocks: int) -> str | None:
     """Where cuda_conv's kernel measured faster than this one (H200, bench/results/convs_h200_s15_hopper*.txt), or None:
-    - fewer blocks than a quarter of the SMs (batch 1: 7x7 2048->512, 14.1 vs 6.9 us; 3x3 7x7 512, 17.1 vs 10.2):
+    - fewer blocks than half the SMs (batch 1: 7x7 2048->512, 14.1 vs 6.9 us; 3x3 7x7 512, 17.1 vs 10.2; 56x56
+      256->64, 25 blocks, 4.5 vs 3.5; at batch 32 the fewest, 100 blocks, win):
       its split-K spreads a long reduction over more SMs, and its smaller tiles make more blocks;
-    - fewer than MIN_STEPS reduction steps (a 1x1 of 64 channels, 56x56 64->256 at batch 32: 40.7 vs 29.4 us): each
+    - fewer than MIN_STEPS reduction steps (a 1x1 of 64 channels, 56x56 64->256 at batch 32: 33.8 vs 28.9 us): each
       block's epilogue (its whole output tile through shared memory) then outweighs its mainloop, and this kernel
       does not overlap the two;
     - a strided 1x1 (56x56 256->512 stride 2: 31.6 vs 31.0 us at batch 32, 6.7 vs 4.8 at batch 1): TMA's strided
       traversal of x reads every other pixel through whole rows."""
-    if blocks < SM90_SMS // 4:
-        return (f"{blocks} blocks, fewer than a quarter of sm_90's {SM90_SMS} SMs: the mma.sync kernel (split-K) "
+    if blocks < SM90_SMS // 2:
+        return (f"{blocks} blocks, fewer than half of sm_90's {SM90_SMS} SMs: the mma.sync kernel (split-K) "
                 "measured faster at such sizes")
     if steps(spec) < MIN_STEPS:
         return (f"{steps(spec)} reduction step(s) of {BK} channels: the epilogue dominates, where the mma.sync kernel "
@@ -121,9 +122,13 @@ def flat(spec: ConvSpec) -> bool:
 
 
 def default_config(spec: ConvSpec) -> HopperConfig:
-    """128 channels where they divide k; 64 pixels where a block's whole rows fit 64 no worse than 128."""
-    bn = 128 if spec.k % 128 == 0 else 64
-    if flat(spec) or spec.wo > 64:
+    """128 channels where they divide k, 256 for a reduction of 1-2 steps (an x tile read once feeds more channels:
+    H200, 28x28 128->512 +r at batch 32, 25.4 vs 32.1 us); 64 pixels where 128 leave SMs idle (7x7 2048->512 at batch
+    32: 52 blocks, 14.8 us; 100 blocks, 11.2) or where a block's whole rows fit 64 no worse than 128."""
+    bn = 256 if steps(spec) <= 2 and spec.k % 256 == 0 else 128 if spec.k % 128 == 0 else 64
+    if flat(spec):
+        return HopperConfig(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn)
+    if spec.wo > 64:
         return HopperConfig(bn=bn)
     return HopperConfig(bm=64 if Tiling(spec, 64).used >= Tiling(spec, 128).used else 128, bn=bn)
 
@@ -449,9 +454,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
 
 
 class HopperRule:
-    """What the Hopper rules share: sm_90 only, a switch (`switch`, on where it is "1", `default` when unset),
-    `optional` (for some specs only: rule_for falls back past them to the template's rule, and its reasons),
-    parameters given, not searched."""
+    """What the Hopper rules share: sm_90 only; a switch (`switch`, `default` when unset): "1" on where the kernel
+    measured faster than the template's (`slower` says where not), "all" on wherever it computes the spec (benchmarks,
+    tests), anything else off; `optional` (for some specs only: rule_for falls back past them to the template's rule,
+    and its reasons); parameters given, not searched."""
 
     name = "Hopper TMA + wgmma"
     knobs: dict = {}
@@ -459,15 +465,20 @@ class HopperRule:
     switch, default = ENABLE_ENV, "1"
 
     def problem(self, spec) -> str | None:
-        """Why the kernel cannot compute the spec, or where it measured slower than the template's."""
+        """Why the kernel cannot compute the spec, or None."""
+        raise NotImplementedError
+
+    def slower(self, spec) -> str | None:
+        """Where the kernel measured slower than the template's (its default config), or None."""
         raise NotImplementedError
 
     def can_implement(self, spec, info) -> str | None:
-        if os.environ.get(self.switch, self.default) != "1":
-            return f"the Hopper kernel is off ({self.switch}={os.environ.get(self.switch, self.default)})"
+        mode = os.environ.get(self.switch, self.default)
+        if mode not in ("1", "all"):
+            return f"the Hopper kernel is off ({self.switch}={mode})"
         if info.arch != 90:
             return f"sm_{info.arch}: wgmma and TMA need sm_90"
-        return self.problem(spec)
+        return self.problem(spec) or (self.slower(spec) if mode == "1" else None)
 
     def parse_config(self, config):
         return HopperConfig.parse(config) if isinstance(config, str) else config
@@ -477,8 +488,9 @@ class HopperConvRule(HopperRule):
     """sm_90 convs on TMA + wgmma."""
 
     def problem(self, spec: ConvSpec) -> str | None:
-        if spec_problem(spec):
-            return spec_problem(spec)
+        return spec_problem(spec)
+
+    def slower(self, spec: ConvSpec) -> str | None:
         cfg = default_config(spec)
         return measured_slower(spec, cfg, spec.k // cfg.bn * Tiling(spec, cfg.bm).blocks)
 

@@ -21,7 +21,7 @@ from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, Tiling, kernel_func, measured_slower, spec_problem
 
-PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1": the fused pair on TMA + wgmma (off by default: see above)
+PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
 
 
 def pair_problem(spec: FusedConvSpec) -> str | None:
@@ -67,8 +67,9 @@ class HopperPairRule(HopperRule):
     switch, default = PAIR_ENV, "0"
 
     def problem(self, spec: FusedConvSpec) -> str | None:
-        if pair_problem(spec):
-            return pair_problem(spec)
+        return pair_problem(spec)
+
+    def slower(self, spec: FusedConvSpec) -> str | None:
         cfg = default_config(spec)
         return measured_slower(conv3x3_spec(spec), cfg, Tiling(conv3x3_spec(spec), cfg.bm).blocks)
 
