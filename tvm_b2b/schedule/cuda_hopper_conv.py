@@ -17,8 +17,10 @@ in shared memory, as wgmma reads them); which pixels a block takes and how TMA r
   transaction count) and an "empty" one (each consumer warp arrives once wgmma.wait_group says the step's
   multiplies are done; with 2+ buffers one step's stay in flight while the next is issued);
 - the epilogue from the accumulator registers (scale, bias, [residual], act) into a 128B-swizzled fp16
-  tile in shared memory, stored by TMA in 64-channel boxes. TMA reads coordinates outside a tensor as zeros
-  and does not write them: any pixel count works, and the conv's padding costs nothing.
+  tile in shared memory, two channels a store, stored by TMA in 64-channel boxes; a residual tile comes into
+  that tile by TMA (y's map on r) while the mainloop runs, and the epilogue replaces it in place. TMA reads
+  coordinates outside a tensor as zeros and does not write them: any pixel count works, and the conv's padding
+  costs nothing.
 
 ON by default on sm_90 (`TVM_B2B_HOPPER=0` turns it off) where it measured faster than cuda_conv's kernel on the
 H200 (`bash bench/gpu_session.sh hopperconvs`, bench/results/convs_h200_s15_hopper*.txt): at batch 32 every
