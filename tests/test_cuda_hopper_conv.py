@@ -63,11 +63,12 @@ def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
     ("n=32,h=56,w=56,c=64,k=256,act=none", "1 reduction step(s)"), ("n=32,h=56,w=56,c=256,k=512,stride=2", "strided 1x1")])
 def test_rule_leaves_to_the_template_where_it_measured_slower(monkeypatch, case, why):
     """By default (TVM_B2B_HOPPER unset or 1): where cuda_conv's kernel measured faster on the H200, its rule takes
-    the conv, with the reason; TVM_B2B_HOPPER=all takes it anyway."""
+    the conv, and its plan says why not this kernel (`report` shows it); TVM_B2B_HOPPER=all takes it anyway."""
     spec, info = spec_of(case), target_info(SM90)
     monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
     assert why in hopper.RULE.can_implement(spec, info)
     assert rule_for(SM90, "conv2d", spec).name != hopper.RULE.name
+    assert plan(spec, SM90).passed_over.startswith("Hopper TMA + wgmma: ") and why in plan(spec, SM90).passed_over
     monkeypatch.setenv(hopper.ENABLE_ENV, "all")
     assert rule_for(SM90, "conv2d", spec) is hopper.RULE
 

@@ -187,6 +187,8 @@ def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
                 reason += f" (run as its space-to-depth stride-1 conv: {form.spec(c.spec).to_string()})"
             if form is not None and form.weights == "kc":
                 reason += " (sm_90's TMA + wgmma kernel)"
+            if c.plan.passed_over:
+                reason += f" (not on {c.plan.passed_over})"
         kernels.update({name: (kernel, reason) for name in c.convs})
     reasons = {}
     for c in candidates:  # the last kind's reason is the one that decided

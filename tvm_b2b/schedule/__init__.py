@@ -34,6 +34,7 @@ class Plan:
     mid_dtype: str | None = None  # the intermediate's dtype when not the op's (split-K's float32 partial sums)
     kernel: str = "tensorcore"  # what runs it, as `report` names it: "tensorcore", "cuda-core" or "cpu"
     fusable: bool = True  # the rule can run it fused (where `fused` is False, only its fusion policy declined)
+    passed_over: str = ""  # an optional rule asked first that computes the op but measured slower, and why (report)
 
 
 # (op kind, target kind) -> the modules under schedule/ whose RULEs schedule that kind for that target
@@ -93,4 +94,17 @@ def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")
-    return rule.plan(spec, info, rule.parse_config(config), fused, policy, unfused)
+    planned = rule.plan(spec, info, rule.parse_config(config), fused, policy, unfused)
+    planned.passed_over = "; ".join(f"{r.name}: {why}" for r, why in _passed_over(info, kind or kind_of(spec), spec, rule))
+    return planned
+
+
+def _passed_over(info, kind: str, spec, chosen) -> list:
+    """(rule, reason) of the optional rules before `chosen` that compute the spec but measured slower (their
+    `measured_slower(spec, info)`), for `report` to say why they did not take it."""
+    import importlib
+
+    rules = [importlib.import_module(f"{__name__}.{module}").RULE for module in RULES[(kind, info.kind)]]
+    before = rules[:rules.index(chosen)] if chosen in rules else []
+    found = [(r, r.measured_slower(spec, info)) for r in before if hasattr(r, "measured_slower")]
+    return [(r, why) for r, why in found if why]

@@ -474,6 +474,11 @@ class HopperRule:
         """Where the kernel measured slower than the template's (its default config), or None."""
         raise NotImplementedError
 
+    def measured_slower(self, spec, info) -> str | None:
+        """Why this rule, on and able to compute the spec on this target, leaves it to the template (for `report`)."""
+        on = os.environ.get(self.switch, self.default) == "1" and info.arch == 90
+        return self.slower(spec) if on and not self.problem(spec) else None
+
     def can_implement(self, spec, info) -> str | None:
         mode = os.environ.get(self.switch, self.default)
         if mode not in ("1", "all"):
