@@ -37,9 +37,10 @@ def main() -> int:
     parser.add_argument("--spec", action="append", help="a conv spec (default: ResNet-50's at batch 32 and 1)")
     parser.add_argument("--config", action="append", help="a config, or 'default' (default: a few)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--batch", type=int, action="append", help="ResNet-50's convs at this batch only (repeatable)")
     args = parser.parse_args()
     specs = [ConvSpec.parse(s) for s in args.spec] if args.spec else \
-        [ConvSpec.parse(f"n={n},{s}") for n in (32, 1) for s in RESNET50]
+        [ConvSpec.parse(f"n={n},{s}") for n in (args.batch or (32, 1)) for s in RESNET50]
     results = []
     for spec in specs:
         row = {"spec": spec.to_string(), "us": {}}

@@ -24,6 +24,7 @@
 #                                            template, cuDNN (~2 min)
 #   bash bench/gpu_session.sh hopperconvs    ResNet-50's single convs (batch 32 and 1) on TMA + wgmma (TVM_B2B_HOPPER=all), then
 #                                            on the mma.sync template (=0)
+#   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1 (the default), then 0, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #                                            of the mma.sync template (TVM_B2B_HOPPER=0 unless given)
@@ -121,6 +122,18 @@ case "$1" in
         $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
         --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
     done
+    ;;
+  hoppersweep)  # configs of the Hopper kernels: the pairs (TVM_B2B_HOPPER_PAIR=all; singles = the two convs as the model runs
+                # them unfused) and ResNet-50's batch-32 convs (TVM_B2B_HOPPER=all); 2-stage configs fit 2 blocks per SM
+    P="bm=128,bn=128,stages=2 bm=128,bn=64,stages=3 bm=64,bn=128,stages=4 bm=64,bn=64,stages=4"
+    TVM_B2B_HOPPER_PAIR=all timeout 290 python3 bench/bench_fused.py --singles --config default $(printf -- '--config %s ' $P) \
+      $(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done) \
+      $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
+      --json "$out/fused_hopper_sweep.json" 2>&1 | tee "$out/fused_hopper_sweep.txt" | grep -v "^\s*$" | cut -c1-170
+    C="bm=128,bn=128,stages=2 bm=128,bn=256,stages=2 bm=64,bn=128,stages=3 bm=64,bn=64,stages=4"
+    TVM_B2B_HOPPER=all timeout 290 python3 bench/bench_convs.py --batch 32 \
+      --config default $(printf -- '--config %s ' $C) --json "$out/convs_hopper_sweep.json" 2>&1 | tee "$out/convs_hopper_sweep.txt" \
+      | grep -v "^\s*$" | cut -c1-170
     ;;
   hopperconvs)  # bench_convs' ResNet-50 convs (batch 32 and 1), default configs, on TMA + wgmma and then on the mma.sync template
     for on in 1 0; do

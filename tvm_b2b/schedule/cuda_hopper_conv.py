@@ -71,7 +71,8 @@ class HopperConfig:
         values = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
         unknown = set(values) - {"bm", "bn", "stages"}
         if unknown:
-            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of the Hopper conv (bm, bn, stages)")
+            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages), which "
+                             f"runs this op; {ENABLE_ENV}=0 for the mma.sync template's parameters")
         cfg = cls(**{k: int(v) for k, v in values.items()})
         if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8:
             raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8")
