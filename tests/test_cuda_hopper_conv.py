@@ -180,7 +180,7 @@ def test_model_runs_its_1x1_convs_on_wgmma_and_compiles(hopper_on, wide_model, t
     mod, candidates, model = analyze(wide_model, SM90, dtype="float16", db=None)
     convs = conv_kernels(conv_names(model), candidates)
     assert [c["kernel"] for c in convs] == ["tensorcore", "fused-pair", "fused-pair", "tensorcore"], convs
-    assert sum("TMA + wgmma" in c["reason"] for c in convs) == 2, convs
+    assert sum("(sm_90's TMA + wgmma kernel)" in c["reason"] for c in convs) == 2, convs
     source = generated_source(compile_module(fuse_pairs(mod, SM90, candidates)[0], SM90), SM90)
     on_tma = [name for name, params in kernels(source).items() if "CUtensorMap" in params]
     assert len(on_tma) == 3, kernels(source)  # the two single convs and the pair (cuda_hopper_pair)
