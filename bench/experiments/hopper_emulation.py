@@ -80,8 +80,9 @@ def c_layout(n):
 
 
 def kernel_assumed(t, j):
-    """The generator's assumption (kernel_func's epilogue)."""
-    return (t % 128 // 32 * 16 + t % 32 // 4 + j % 4 // 2 * 8, j // 4 * 8 + t % 4 * 2 + j % 2)
+    """Where kernel_func's epilogue puts register j of thread t (H.fragment of its pair j // 2; j odd: the next channel)."""
+    row, ch = H.fragment(t, 0, j // 2)
+    return row, ch + j % 2
 
 
 def fragments(acc, cl, wgs: int, n: int):
@@ -93,11 +94,6 @@ def fragments(acc, cl, wgs: int, n: int):
                 lr, lc = cl[(t, j)]
                 row, ch = kernel_assumed(t, j)
                 yield wg * 64 + row, ch, acc[wg * 64 + lr, lc]
-
-
-def swizzled(row: int, ch: int, bm: int) -> int:
-    """The element offset of (row, channel) in a tile of 64-channel boxes of bm rows, 128B-swizzled."""
-    return ch // 64 * bm * 64 + row * 64 + ((ch % 64 // 8) ^ (row % 8)) * 8 + ch % 8
 
 
 def act(v, name):
@@ -167,7 +163,7 @@ def emulate(spec, cfg, second=None, rng=None):
                 load_residual(smem, rf, ym, y_at, bm, bn, [bk * bn, *tiling.origin(bi)])
             for row, ch, val in fragments(acc, cl, wgs, bn):
                 pre = val * s[bk * bn + ch] + b[bk * bn + ch]
-                at = swizzled(row, ch, bm)
+                at = H.swizzled(row, ch, bm)
                 if fused:
                     smem[mid_at + at] = np.float16(act(pre, act1))
                 elif residual:  # the residual tile's element, where the output's goes
@@ -195,7 +191,7 @@ def emulate(spec, cfg, second=None, rng=None):
                     load_residual(smem, rf, ym, y_at, bm, bn2, [jc * bn2, *tiling.origin(bi)])
                 for row, ch, val in fragments(acc2, cl2, wgs, bn2):
                     pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
-                    at = y_at + swizzled(row, ch, bm)
+                    at = y_at + H.swizzled(row, ch, bm)
                     if residual:
                         smem[at] = np.float16(act(pre + smem[at], act2))
                     else:

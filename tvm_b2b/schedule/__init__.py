@@ -70,13 +70,10 @@ def rule_for(target, kind: str = OP_KIND, spec=None):
     """The schedule rule of an op kind on a target's kind: the first of RULES that can implement
     `spec` (when none can, or no spec is given, the first that is not `optional`, a rule for some specs
     only: its can_implement then says why; ValueError where the target kind has none)."""
-    import importlib
-
     info = target_info(target)
-    modules = RULES.get((kind, info.kind))
-    if modules is None:
+    if (kind, info.kind) not in RULES:
         raise ValueError(f"target: no schedule for {kind} on {info.kind} targets (use llvm or cuda)")
-    rules = [importlib.import_module(f"{__name__}.{module}").RULE for module in modules]
+    rules = _rules(kind, info)
     main = next(r for r in rules if not getattr(r, "optional", False))
     if spec is None:
         return main
@@ -99,12 +96,17 @@ def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
     return planned
 
 
+def _rules(kind: str, info) -> list:
+    """The RULE objects of RULES[(kind, the target's kind)], in order."""
+    import importlib
+
+    return [importlib.import_module(f"{__name__}.{module}").RULE for module in RULES[(kind, info.kind)]]
+
+
 def _passed_over(info, kind: str, spec, chosen) -> list:
     """(rule, reason) of the optional rules before `chosen` that compute the spec but measured slower (their
     `measured_slower(spec, info)`), for `report` to say why they did not take it."""
-    import importlib
-
-    rules = [importlib.import_module(f"{__name__}.{module}").RULE for module in RULES[(kind, info.kind)]]
+    rules = _rules(kind, info)
     before = rules[:rules.index(chosen)] if chosen in rules else []
     found = [(r, r.measured_slower(spec, info)) for r in before if hasattr(r, "measured_slower")]
     return [(r, why) for r, why in found if why]

@@ -98,7 +98,7 @@ def spec_problem(spec: ConvSpec) -> str | None:
     return None
 
 
-def measured_slower(spec: ConvSpec, cfg: HopperConfig, blocks: int) -> str | None:
+def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
     """Where cuda_conv's kernel measured faster than this one (H200, bench/results/convs_h200_s15_hopper*.txt), or None:
     - fewer blocks than half the SMs (batch 1: 7x7 2048->512, 14.1 vs 6.9 us; 3x3 7x7 512, 17.1 vs 10.2; 56x56
       256->64, 25 blocks, 4.5 vs 3.5; at batch 32 the fewest, 100 blocks, win):
@@ -209,6 +209,19 @@ class Tiling:
 def steps(spec: ConvSpec) -> int:
     """Reduction steps: 64 channels of one tap each."""
     return spec.kh * spec.kw * -(-spec.c // BK)
+
+
+def fragment(tx, wg, p):
+    """(tile row, channel) of a consumer thread's accumulator pair p (registers 2p, 2p + 1: channels ch and ch + 1 of
+    one row) in wgmma m64nNk16's f32 layout: row 16 * warp + lane / 4 (+8 for odd p), channel 8 * (p // 2) +
+    2 * (lane % 4). tx, wg: the thread's index and warpgroup (ints or TIR expressions)."""
+    return wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8, p // 2 * 8 + tx % 4 * 2
+
+
+def swizzled(row, ch, bm: int):
+    """The element offset of (row, channel) in a tile of 64-channel boxes of bm rows, 128B-swizzled as TMA reads and
+    writes it and wgmma reads an operand: 16-byte chunk (ch % 64) / 8 of a row at chunk ((ch % 64) / 8) ^ (row % 8)."""
+    return ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8
 
 
 def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
@@ -369,18 +382,14 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.ptx.wgmma.wait_group.sync.aligned(0)
             for i in T.unroll(acc_regs):
                 T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
-            # accumulator j of m64nNk16 (f32): row 16 * warp + lane / 4 (+8 for j % 4 >= 2), channel
-            # 8 * (j // 4) + 2 * (lane % 4) + j % 2; the tile is 128B-swizzled: 16-byte chunk (ch / 8) ^ (row % 8).
-            # Pair p = j // 2 holds two adjacent channels (ch, ch + 1) of one row: one half2 store
+            # accumulator pair p (fragment): two adjacent channels of one row, one half2 store into the swizzled tile
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
             for p in T.unroll(acc_regs // 2):
-                row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8)
-                ch = T.meta_var(p // 2 * 8 + tx % 4 * 2)
+                row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
                 hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
-                at = T.meta_var((mid_at if fused else y_at) + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8
-                                + ch % 8)
+                at = T.meta_var((mid_at if fused else y_at) + swizzled(row, ch, bm))
                 if residual and not fused:  # the residual tile's element sits where the output's goes
                     T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
                                      act(lo + T.Cast("float32", tiles[at])), act(hi + T.Cast("float32", tiles[at + 1])),
@@ -414,11 +423,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     elif jc > 0:  # the last chunk's store has read the output tile (its thread waited for it)
                         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                     for p in T.unroll(acc2_regs // 2):
-                        row = T.meta_var(wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8)
-                        ch = T.meta_var(p // 2 * 8 + tx % 4 * 2)
+                        row, ch = T.meta_var(fragment(tx, wg, p))
                         lo = T.meta_var(acc2[2 * p] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
                         hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
-                        at = T.meta_var(y_at + ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8)
+                        at = T.meta_var(y_at + swizzled(row, ch, bm))
                         if residual:
                             T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
                                              act2(lo + T.Cast("float32", tiles[at])),
@@ -500,7 +508,7 @@ class HopperConvRule(HopperRule):
 
     def slower(self, spec: ConvSpec) -> str | None:
         cfg = default_config(spec)
-        return measured_slower(spec, cfg, spec.k // cfg.bn * Tiling(spec, cfg.bm).blocks)
+        return measured_slower(spec, spec.k // cfg.bn * Tiling(spec, cfg.bm).blocks)
 
     def default_config(self, spec: ConvSpec, info) -> HopperConfig:
         return default_config(spec)

@@ -20,6 +20,7 @@ from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, Tiling, kernel_func, measured_slower, spec_problem
+from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
 
@@ -40,8 +41,6 @@ def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
 def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     """bn: the second GEMM's chunk (128 channels where they divide k2); bm as the 3x3 conv's default; the most
     buffers (up to 4) that fit."""
-    from .cuda_hopper_conv import default_config as conv_default
-
     bm = conv_default(conv3x3_spec(spec)).bm
     cfg = HopperConfig(bm=bm, bn=128 if spec.k2 % 128 == 0 else 64, stages=4)
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
@@ -71,7 +70,7 @@ class HopperPairRule(HopperRule):
 
     def slower(self, spec: FusedConvSpec) -> str | None:
         cfg = default_config(spec)
-        return measured_slower(conv3x3_spec(spec), cfg, Tiling(conv3x3_spec(spec), cfg.bm).blocks)
+        return measured_slower(conv3x3_spec(spec), Tiling(conv3x3_spec(spec), cfg.bm).blocks)
 
     def default_config(self, spec: FusedConvSpec, info) -> HopperConfig:
         return default_config(spec, info.arch)
