@@ -4,8 +4,8 @@ schedules (dlight's), same run: µs, % of the memory roofline, outputs checked e
     python3 bench/bench_legalized.py [--batch 32] [--json OUT.json]
 
 Cases: ResNet-50's max-pool (NHWC float16, 3x3 stride 2) and its input made into the stem's cells
-(NCHW float32 -> NHWC float16 2x2 cells, op.conv.InputForm; no rule of ours takes it now, so both
-columns are TVM's: the gap to its roofline). Times are one VM call each (a few µs of it the VM's own).
+(NCHW float32 -> NHWC float16 2x2 cells, op.conv.InputForm: schedule/cuda_layout.py). Times are one VM
+call each (a few µs of it the VM's own).
 """
 from __future__ import annotations
 

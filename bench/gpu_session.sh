@@ -24,6 +24,8 @@
 #                                            template, cuDNN (~2 min)
 #   bash bench/gpu_session.sh hopperconvs    ResNet-50's single convs (batch 32 and 1) on TMA + wgmma (TVM_B2B_HOPPER=all), then
 #                                            on the mma.sync template (=0)
+#   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
+#                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1 (the default), then 0, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
@@ -122,6 +124,13 @@ case "$1" in
         $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
         --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
     done
+    ;;
+  singles)  # the dense pairs fused on the mma.sync template against their two convs as a model runs them unfused (singles:
+             # on sm_90 the 3x3 on TMA + wgmma where that rule takes it); ResNet-50's 56x56 pair at N=1, 8, 32, the N=32 sweep
+    TVM_B2B_HOPPER_PAIR=0 timeout 290 python3 bench/bench_fused.py --singles --config default \
+      $(for n in 1 8 32; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1,dtype=float16 "; done) \
+      $(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done) \
+      --json "$out/fused_singles.json" 2>&1 | tee "$out/fused_singles.txt" | grep -v "^\s*$" | cut -c1-170
     ;;
   hoppersweep)  # configs of the Hopper kernels: the pairs (TVM_B2B_HOPPER_PAIR=all; singles = the two convs as the model runs
                 # them unfused) and ResNet-50's batch-32 convs (TVM_B2B_HOPPER=all); 2-stage configs fit 2 blocks per SM

@@ -1,8 +1,8 @@
 """The ops TVM legalizes in a model's CUDA build, with our rules (schedule.LEGALIZED_RULES): max pools in
 NHWC float16 with 16-byte (8-channel) loads and register accumulators (cuda_pool); the NCHW float32
-input made into the stem's float16 cells (TVM's own schedule: a pixel per thread measured slower, see
-schedule/cuda_pool.py). Build-only with nvcc here, against numpy on a GPU (exact: a max of float16
-values is one of them; a cast is the same rounding)."""
+input made into the stem's float16 cells, a row per block through shared memory (cuda_layout).
+Build-only with nvcc here, against numpy on a GPU (exact: a max of float16 values is one of them; a cast
+is the same rounding)."""
 import numpy as np
 import pytest
 from tvm import relax
@@ -11,7 +11,7 @@ from cuda_source import kernels, nvcc_arches, nvcc_compile
 from tvm_b2b.codegen import compile_module, generated_source
 from tvm_b2b.op.conv import ConvSpec, InputForm
 from tvm_b2b.op.conv_pattern import input_in_form
-from tvm_b2b.schedule import legalized_rules
+from tvm_b2b.schedule import cuda_layout, legalized_rules
 from tvm_b2b.schedule.cuda_pool import RULE
 from tvm_b2b.target import parse_target
 
@@ -80,6 +80,23 @@ def stem_input_module(spec):
             y = bb.emit_output(input_in_form(InputForm(cells=True), spec, y, bb.emit))
         bb.emit_func_output(y)
     return bb.get()
+
+
+def test_stem_input_goes_through_a_shared_row_and_compiles(tmp_path):
+    """The stem's input cells: one output row per block, written to shared memory a pixel per thread (its
+    12 channels), then stored as contiguous 8-byte vectors; nvcc sm_90 compiles it. The rule leaves pools
+    (3 and 64 channels) to others."""
+    target = parse_target("cuda:sm_90")
+    source = generated_source(compile_module(stem_input_module(STEMS[0]), target, rules=legalized_rules(target)), target)
+    assert len(kernels(source)) == 1
+    body = source[source.index("__global__"):]
+    assert "__shared__" in body and "__syncthreads()" in body and "*(half4*)(" in body
+    assert cuda_layout.RULE in legalized_rules(target)
+    for module in (max_pool_module(*CASES[-1]), max_pool_module(*CASES[0])):
+        legalized = relax.transform.LegalizeOps()(module)
+        assert cuda_layout.RULE.apply(legalized["max_pool2d"], target, False) is None
+    if "sm_90" in nvcc_arches():
+        nvcc_compile(source, "sm_90", tmp_path)
 
 
 @pytest.mark.gpu

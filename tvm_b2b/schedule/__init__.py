@@ -8,7 +8,7 @@ cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel 
     it fused. The rule's plan is the one place that decides that (its shared memory, its epilogue
     fallback, and with `policy` the measured rule of when fusing pays).
 `RULES` names the rules of each (op kind, target kind) in the order they are asked (`LEGALIZED_RULES`
-those of the ops TVM legalizes: `cuda_pool`); `plan` below
+those of the ops TVM legalizes: `cuda_pool`, `cuda_layout`); `plan` below
 picks the first that can implement the spec (as dlight tries its rules); `info` is the target's TargetInfo.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ RULES = {
 
 # dlight rules (TVM's `apply(func, target, tunable) -> Schedule | None`) of the ops TVM legalizes in a
 # model (pools, layout changes), per target kind: a model's build asks them before TVM's own
-LEGALIZED_RULES = {"cuda": ("cuda_pool",)}
+LEGALIZED_RULES = {"cuda": ("cuda_pool", "cuda_layout")}
 
 
 def legalized_rules(target) -> list:

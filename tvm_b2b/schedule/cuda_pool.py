@@ -7,9 +7,7 @@ per window tap, coalesced along the channels), its accumulators in registers, an
 TVM's fallback gives each thread one channel and writes the output in global memory at every tap.
 H200, ResNet-50's max-pool at batch 32 (bench/bench_legalized.py, bench/results/legalized_h200_s13_with_layout_rule.txt):
 41.0 -> 20.2 us, 33% -> 66% of the memory roofline.
-Tried and dropped: the same idea for the stem's input (NCHW float32 to 2x2 cells of 12 float16
-channels, a pixel's 12 values per thread, coalesced reads): 41.4 us against TVM's 21.0 (its stores,
-12 scalar 2-byte ones 24 bytes apart per thread, cost more than TVM's gathered loads).
+The stem's input cells (NCHW float32 to NHWC float16) have their own rule, schedule/cuda_layout.py.
 """
 from __future__ import annotations
 
