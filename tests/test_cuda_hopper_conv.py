@@ -233,21 +233,3 @@ def test_index_math_emulated(case, config):
         y, want = emu.emulate(spec_of(text), hopper.HopperConfig.parse(cfg))
     assert not np.isnan(y).any(), "an output pixel was never stored"
     np.testing.assert_allclose(y, want, atol=1e-2, rtol=1e-2)
-
-
-def test_template_pair_unfused_where_its_3x3_runs_on_hopper(monkeypatch):
-    """The mma.sync template's fusion policy on sm_90: where this rule takes a k1 = 64 pair's 3x3 (ResNet-50's 56x56
-    pairs at batch 32), the two convs measured faster than the fused kernel; at batch 1 (too few blocks for the Hopper
-    kernel), on sm_80, or with TVM_B2B_HOPPER=0 the pair fuses as before."""
-    import dataclasses
-
-    from tvm_b2b.op.spec import FusedConvSpec
-    from tvm_b2b.schedule.cuda_wmma import fusion_loss_reason
-
-    spec = FusedConvSpec.parse("n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1,dtype=float16")
-    assert "its 3x3 runs on sm_90's TMA + wgmma kernel" in fusion_loss_reason(spec, target_info(SM90))
-    assert fusion_loss_reason(dataclasses.replace(spec, n=1), target_info(SM90)) is None
-    assert fusion_loss_reason(spec, target_info(parse_target("cuda:sm_80"))) is None
-    assert fusion_loss_reason(spec) is None  # no target: the widths' rule alone
-    monkeypatch.setenv(hopper.ENABLE_ENV, "0")
-    assert fusion_loss_reason(spec, target_info(SM90)) is None

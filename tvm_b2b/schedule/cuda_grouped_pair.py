@@ -107,7 +107,7 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
 FUSION_MAX_K1 = 32
 
 
-def fusion_loss_reason(spec: FusedConvSpec, info=None) -> str | None:  # noqa: ARG001 -- the dense rule's signature
+def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
     """Why fusing is expected to be slower than the pair's two single convs (None when fusing pays).
     Measured on the H200 (bench/results/fused_h200_s10_grouped_probe.json, default configs): fused wins
     at k1 = 32 (MobileNetV2's first pair, N=1: 4.8 us against 7.4 for the two single convs) and loses

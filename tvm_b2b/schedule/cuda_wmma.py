@@ -233,30 +233,18 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
 FUSION_MAX_K1 = 64
 
 
-def fusion_loss_reason(spec: FusedConvSpec, info=None) -> str | None:
+def fusion_loss_reason(spec: FusedConvSpec) -> str | None:
     """Why this template's fused kernel is expected to be slower than its two-kernel form (None
-    when fusing pays). Measured on the H200:
-    - k1 > 64 (bench/results/fused_h200_tuned_20261202.txt): fused wins at k1 = 64 for every N (1.02-2.0x),
-      loses from k1 = 128 on (0.1-0.9x): each block then runs a long conv1 reduction over all k1 channels
-      alone, where two kernels spread channel chunks over more blocks;
-    - on sm_90, where the Hopper conv kernel takes the 3x3 (enough pixels to fill the GPU: ResNet-50's 56x56
-      pairs at batch 32, bench/results/fused_h200_s16_singles.txt): the 3x3 on TMA + wgmma and the 1x1 as
-      two kernels beat this kernel's mma.sync fusion (N=32 56x56 64->64->256 +r: SINGLES_US vs FUSED_US us)."""
+    when fusing pays). Measured on the H200 (bench/results/fused_h200_tuned_20261202.txt): fused
+    wins at k1 = 64 for every N (1.02-2.0x), loses from k1 = 128 on (0.1-0.9x): each block then
+    runs a long conv1 reduction over all k1 channels alone, where two kernels spread channel
+    chunks over more blocks. On sm_90 too where the 3x3 alone would run on the Hopper conv kernel
+    (bench/results/fused_singles_h200_s16.txt, the two convs as a model runs them unfused): N=32 56x56
+    64->64->256 +r fused 67.9 us against 79.3; 64->64->64 35.9 against 37.7; N=8 23.4 against 23.0."""
     if spec.k1 > FUSION_MAX_K1:
         return (f"k1={spec.k1} > {FUSION_MAX_K1}: this fused kernel measured slower than two kernels at "
                 f"such widths (H200)")
-    if info is not None and _hopper_takes_3x3(spec, info):
-        return ("its 3x3 runs on sm_90's TMA + wgmma kernel: with the 1x1 as two kernels it measured faster "
-                "than this fused kernel (H200)")
     return None
-
-
-def _hopper_takes_3x3(spec: FusedConvSpec, info) -> bool:
-    """Whether the sm_90 Hopper conv rule, as switched, takes the pair's 3x3 as a single conv."""
-    from ..op.fused_pair import as_single_convs
-    from .cuda_hopper_conv import RULE as HOPPER
-
-    return spec.groups == 1 and HOPPER.can_implement(as_single_convs(spec)[0], info) is None
 
 
 def unsupported_reason(spec: FusedConvSpec, arch: int) -> str | None:
@@ -636,7 +624,7 @@ class TensorCoreRule:
         from . import Plan
 
         arch = info.arch
-        slower = self.fusion_loss_reason(spec, info) if fused and policy else None  # its tuned config is the fused kernel's
+        slower = self.fusion_loss_reason(spec) if fused and policy else None  # its tuned config is the fused kernel's
         reason = slower or (None if fused else "the two-kernel form was asked for")
         cfg = self.check_config(spec, self.default_config(spec, info) if config is None or slower else config, arch)
         if not reason and not self.fits_shared_memory(spec, cfg, arch):
