@@ -73,13 +73,14 @@ def test_pair_weights_are_each_output_channels_row():
 
 
 def test_default_config_fits_shared_memory():
-    """The most buffers (up to 4) that fit 227 KiB: 4 for a 7x7 k1=256 pair in 64-pixel tiles, 2 for k1=256 in
-    128-pixel tiles (rows of 100 pixels)."""
+    """The most buffers that fit 227 KiB: 4 for a 7x7 k1=256 pair in 64-pixel tiles (bn=128); in 128-pixel tiles (bn=64)
+    3, the most there, for a 56x56 k1=64 pair and for k1=256 (rows of 100 pixels), where 4 would not fit."""
     small, wide = spec_of("n=1,h=7,w=7,c=256,k1=256,k2=512"), spec_of("n=1,h=100,w=100,c=64,k1=256,k2=256")
     assert pair.default_config(small) == pair.HopperConfig(bm=64, bn=128, stages=4)
-    assert pair.default_config(wide) == pair.HopperConfig(bm=128, bn=128, stages=2)
+    assert pair.default_config(wide) == pair.HopperConfig(bm=128, bn=64, stages=3)
     assert pair.shared_bytes(wide, pair.default_config(wide)) <= 227 * 1024 < pair.shared_bytes(
-        wide, pair.HopperConfig(bm=128, bn=128, stages=3))
+        wide, pair.HopperConfig(bm=128, bn=64, stages=4))
+    assert pair.default_config(spec_of("n=32,h=56,w=56,c=64,k1=64,k2=256")) == pair.HopperConfig(bm=128, bn=64, stages=3)
 
 
 @pytest.mark.parametrize("case,config", CASES[:3])

@@ -19,7 +19,7 @@ import dataclasses
 from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
-from .cuda_hopper_conv import BK, HopperConfig, HopperRule, Second, Tiling, kernel_func, measured_slower, spec_problem
+from .cuda_hopper_conv import BK, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, kernel_func, measured_slower, spec_problem
 from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
@@ -39,10 +39,17 @@ def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
 
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
-    """bn: the second GEMM's chunk (128 channels where they divide k2); bm as the 3x3 conv's default; the most
-    buffers (up to 4) that fit."""
-    bm = conv_default(conv3x3_spec(spec)).bm
-    cfg = HopperConfig(bm=bm, bn=128 if spec.k2 % 128 == 0 else 64, stages=4)
+    """128-pixel tiles where they still give a block per SM (else bm as the 3x3 conv's default), there with bn (the
+    second GEMM's chunk) 64 and up to 3 buffers; otherwise bn 128 where it divides k2 and up to 4 buffers; the most
+    that fit. H200 (bench/results/fused_hopper_sweep_h200_s16.txt, N=32): 128-pixel tiles with bn=64 and 3 buffers
+    beat the 3x3's default (64-pixel tiles, bn=128, 4 buffers) on every 56x56 and 28x28 pair (56x56 64->64->256 +r
+    64.6 vs 100.4 us; 64->64->128 36.8 vs 57.6; 28x28 128->128->512 +r 54.9 vs 65.4); at 14x14 (49 blocks of 128
+    pixels) 64-pixel tiles and bn=128 win (38.2 vs 54.8)."""
+    first = conv3x3_spec(spec)
+    fits_rows = first.wo <= 128  # (rows wider than a tile: refused by spec_problem, asked after this)
+    bm = 128 if fits_rows and Tiling(first, 128).blocks >= SM90_SMS else conv_default(first).bm
+    narrow = bm == 128 or spec.k2 % 128
+    cfg = HopperConfig(bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4)
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
