@@ -36,6 +36,13 @@ CONVS = [
     dict(n=1, h=8, w=8, c=64, k=64, kh=3, kw=3, pad_h=1, pad_w=1, groups=16),
     dict(n=1, h=9, w=9, c=12, k=12, kh=5, kw=5, pad_h=2, pad_w=2, groups=12),
 ]
+# grouped convs with 16+ channels a group (ResNeXt-50's 14x14 and 7x7 layers, scaled down): tensor cores on CUDA
+TENSOR_CORE_CONVS = [
+    dict(n=1, h=7, w=7, c=256, k=256, kh=3, kw=3, pad_h=1, pad_w=1, groups=8),
+    dict(n=2, h=9, w=11, c=128, k=128, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=8, residual=True, act="none"),
+    dict(n=1, h=5, w=6, c=64, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=2, act="relu6"),  # 32 -> 64 channels a group
+]
+CONVS += TENSOR_CORE_CONVS
 CONV_IDS = [ConvSpec(**c).to_string() for c in CONVS]
 
 
@@ -166,6 +173,40 @@ def test_fusion_policy_fuses_only_where_it_measured_faster():
     assert plan(first, target, policy=True, unfused=False).fused
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_grouped_conv_of_wide_groups_is_a_gemm_per_group(arch, tmp_path):
+    """16+ channels a group: the tensor-core rule, each group a GEMM of its own (blockIdx.z), its operands loaded
+    as 16-byte cp.async vectors; nvcc compiles it."""
+    spec = ConvSpec(**TENSOR_CORE_CONVS[1])
+    target = parse_target(f"cuda:{arch}")
+    planned = plan(spec, target)
+    assert planned.kernel == "tensorcore" and len(planned.kernels) == 1
+    source = compiled_source(planned.kernels, target)
+    assert "mma.sync.aligned.m16n8k16" in source and "blockIdx.z" in source and "cp.async.ca.shared.global" in source
+    if arch not in nvcc_arches():
+        pytest.skip(f"nvcc here has no {arch}")
+    nvcc_compile(source, arch, tmp_path)
+
+
+def test_grouped_conv_rule_by_channels_a_group(monkeypatch):
+    """Tensor cores from 16 channels a group by default (fewer, or depthwise: CUDA cores, with the reason);
+    TVM_B2B_GROUPED_TC=all from 4, =0 never."""
+    from tvm_b2b.schedule import rule_for
+    from tvm_b2b.schedule.cuda_conv import GROUPED_ENV
+    from tvm_b2b.op.conv_spec import OP_KIND
+
+    target = parse_target("cuda:sm_90")
+    eight = ConvSpec(n=1, h=28, w=28, c=256, k=256, kh=3, kw=3, pad_h=1, pad_w=1, groups=32)
+    wide = dataclasses.replace(eight, c=512, k=512)
+    kernel = lambda spec: plan(spec, target).kernel  # noqa: E731
+    assert kernel(wide) == "tensorcore" and kernel(eight) == "cuda-core" and kernel(ConvSpec(**CONVS[0])) == "cuda-core"
+    assert "8 input and 8 output channels a group" in rule_for(target, OP_KIND).can_implement(eight, None)
+    monkeypatch.setenv(GROUPED_ENV, "all")
+    assert kernel(eight) == "tensorcore" and kernel(ConvSpec(**CONVS[0])) == "cuda-core"
+    monkeypatch.setenv(GROUPED_ENV, "0")
+    assert kernel(wide) == "cuda-core"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
@@ -177,6 +218,33 @@ def test_cuda_pair_matches_reference(kind, fused):
 @pytest.mark.parametrize("kind", CONVS, ids=CONV_IDS)
 def test_cuda_conv_matches_reference(kind):
     _assert_conv(ConvSpec(**kind), "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", [*TENSOR_CORE_CONVS, dict(n=1, h=28, w=28, c=128, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=32),
+                                  dict(n=2, h=15, w=15, c=256, k=256, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=32)],
+                         ids=lambda kind: ConvSpec(**kind).to_string())
+def test_cuda_grouped_conv_on_tensor_cores_matches_reference(kind, monkeypatch):
+    """Every grouped conv the tensor-core rule takes with TVM_B2B_GROUPED_TC=all (4 and 8 channels a group too)."""
+    from tvm_b2b.schedule.cuda_conv import GROUPED_ENV
+
+    monkeypatch.setenv(GROUPED_ENV, "all")
+    spec = ConvSpec(**kind)
+    assert plan(spec, parse_target("cuda")).kernel == "tensorcore"
+    _assert_conv(spec, "cuda")
+
+
+def _grouped_conv(n, h, w, per_group, groups, multiplier, stride, act, residual):
+    return ConvSpec(n=n, h=h, w=w, c=per_group * groups, k=per_group * groups * multiplier, kh=3, kw=3, stride=stride,
+                    pad_h=1, pad_w=1, act=act, residual=residual, groups=groups)
+
+
+@pytest.mark.gpu
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.builds(_grouped_conv, st.integers(1, 3), st.integers(3, 16), st.integers(3, 16), st.sampled_from([16, 32, 48]),
+                      st.integers(2, 8), st.sampled_from([1, 2]), st.sampled_from([1, 2]), ACT, st.booleans()))
+def test_cuda_grouped_conv_random_shapes(spec):
+    _assert_conv(spec, "cuda", seed=4)
 
 
 @pytest.mark.gpu

@@ -151,9 +151,12 @@ def _output(spec: ConvSpec, inputs, pre):
 def conv_prim_func(spec: ConvSpec, ext: dict[str, int] | None = None, name: str = "conv2d"):
     """The op as one PrimFunc (x, w, s, b, [residual (m, k)], y (m, k)): a direct convolution over a
     padded input (blocks pad, conv, out), or with `ext` the padded GEMM form tensor cores take (blocks
-    im2col, w_gemm, conv, out_pad, out; see padded_conv_extents)."""
+    im2col, w_gemm, conv, out_pad, out; see padded_conv_extents), a grouped conv's with a leading group axis."""
     inputs = _inputs(spec)
-    out = _gemm_form(spec, ext, inputs) if ext is not None else _direct_form(spec, inputs)
+    if ext is None:
+        out = _direct_form(spec, inputs)
+    else:
+        out = (_grouped_gemm_form if spec.groups > 1 else _gemm_form)(spec, ext, inputs)
     return te.create_prim_func(inputs + [out]).with_attr("global_symbol", name)
 
 
@@ -182,6 +185,36 @@ def direct_conv(spec: ConvSpec, x, w, name: str = "conv"):
         return te.sum(a * w[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
 
     return te.compute((spec.m, spec.k), conv_at, name=name)
+
+
+def _grouped_gemm_form(spec: ConvSpec, ext: dict[str, int], inputs):
+    """A grouped conv as one GEMM per group (tensor cores): im2col (groups, ext m, ext r) of each group's
+    c / groups input channels @ w (groups, ext r, ext k) of its k / groups output channels, zero-padded;
+    the epilogue per (group, pixel, channel) (out_pad); y (m, k) reads group k // (k / groups). ext r and
+    ext k are one group's (kh*kw*c/groups and k/groups, padded)."""
+    x, w, s, b = inputs[:4]
+    cg, kg, st = spec.c // spec.groups, spec.k // spec.groups, spec.stride
+
+    def im2col_at(g, m, r):
+        n, oh, ow = pixel(spec, m)
+        i, j, c = r // (spec.kw * cg), r // cg % spec.kw, r % cg
+        ih, iw = oh * st + i - spec.pad_h, ow * st + j - spec.pad_w
+        inside = tirx.all(m < spec.m, r < spec.r, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
+        return guard(inside, x[n, ih, iw, g * cg + c], spec.dtype)
+
+    def weight_at(g, r, k):
+        tap = (r // (spec.kw * cg), r // cg % spec.kw, r % cg)
+        return guard(tirx.all(r < spec.r, k < kg), w[(*tap, g * kg + k)], spec.dtype)
+
+    shape = (spec.groups, ext["m"], ext["k"])
+    a = te.compute((spec.groups, ext["m"], ext["r"]), im2col_at, name="im2col")
+    wg = te.compute((spec.groups, ext["r"], ext["k"]), weight_at, name="w_gemm")
+    rr = te.reduce_axis((0, ext["r"]), "r")
+    conv = te.compute(shape, lambda g, m, k: te.sum(a[g, m, rr].astype("float32") * wg[g, rr, k].astype("float32"),
+                                                     axis=[rr]), name="conv")
+    out_pad = te.compute(shape, lambda g, m, k: guard(k < kg, conv[g, m, k] * s[g * kg + k] + b[g * kg + k], "float32"),
+                         name="out_pad")
+    return _output(spec, inputs, lambda m, k: out_pad[k // kg, m, k % kg])
 
 
 def _im2col(spec: ConvSpec, ext: dict[str, int], x):
@@ -244,9 +277,10 @@ def split_prim_funcs(spec: ConvSpec, ext: dict[str, int], splits: int, name: str
 
 def padded_conv_extents(spec: ConvSpec, m_unit: int, r_unit: int, k_unit: int) -> dict[str, int]:
     """The implicit GEMM's extents rounded up to whole tiles. The reduction is kh*kw*c padded once
-    (not each tap's channels): a 3-channel 7x7 stem does 192 steps for its 147, not 49 x 16."""
+    (not each tap's channels): a 3-channel 7x7 stem does 192 steps for its 147, not 49 x 16. A grouped
+    conv's reduction and channels are one group's (each group its own GEMM: _grouped_gemm_form)."""
     up = lambda v, u: -(-v // u) * u  # noqa: E731
-    return {"m": up(spec.m, m_unit), "r": up(spec.r, r_unit), "k": up(spec.k, k_unit)}
+    return {"m": up(spec.m, m_unit), "r": up(spec.r, r_unit), "k": up(spec.k // spec.groups, k_unit)}
 
 
 # -- numpy reference --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""CUDA tensor-core rule of the single convolution (op.conv, any kh x kw, stride, padding; groups=1):
-the fused pair's template (cuda_wmma) on one implicit GEMM. Each block computes `m_tile` output pixels
+"""CUDA tensor-core rule of the single convolution (op.conv, any kh x kw, stride, padding; dense, or grouped
+with 16+ channels a group): the fused pair's template (cuda_wmma) on one implicit GEMM, a grouped conv's groups
+each their own GEMM (blockIdx.z; op.conv._grouped_gemm_form). Each block computes `m_tile` output pixels
 x `n1_tile` channels: im2col and weight tiles gathered into shared memory (zero padding by
 predicate; cp.async `pipeline` steps ahead), ldmatrix + mma.sync (WMMA before sm_80), then the
 scale/bias/[residual]/act epilogue from the accumulators. The reduction (kh*kw*c) is padded as a
@@ -10,14 +11,14 @@ epilogue (n2_tile is the pair's second GEMM's, unused here).
 from __future__ import annotations
 
 import dataclasses
-
+import os
 
 from tvm import s_tir
 
 from ..op.conv import ConvSpec, InputForm, conv_prim_func, padded_conv_extents, space_to_depth, split_prim_funcs
 from ..target import max_shared_bytes
 from .cuda_wmma import (CHANNEL_UNIT, DTYPE_BYTES, KNOBS, MIN_BLOCKS, WmmaConfig, aligned_row, buildable_schedules,
-                        TensorCoreRule, check_fields, marked, pixel_unit, stages_residual)
+                        TensorCoreRule, check_fields, marked, pixel_unit, stages_residual, unsupported_reason)
 
 
 def input_form(spec: ConvSpec) -> InputForm | None:
@@ -28,7 +29,9 @@ def input_form(spec: ConvSpec) -> InputForm | None:
     batch 32, slower at batch 1). Then fewer than 8 channels padded to 4 or 8, and cells' channels to
     a multiple of 4, so that each tap's channels load as 8- or 16-byte vectors; 3 channels otherwise
     gather 2-byte elements (H200, ResNet-50 batch 32: 268 us of 2209, before space-to-depth)."""
-    cells = spec.stride > 1 and spec.c < 8 and spec.groups == 1
+    if spec.groups > 1:
+        return None
+    cells = spec.stride > 1 and spec.c < 8
     c = space_to_depth(spec).c if cells else spec.c
     if c < 8:
         channels = 4 if c < 4 else 8
@@ -45,9 +48,44 @@ def kernel_spec(spec: ConvSpec) -> ConvSpec:
     return form.spec(spec) if form else spec
 
 
+GROUP_UNIT = 16  # a grouped conv's per-group reduction and channels are padded to one MMA edge (ResNeXt's 9x16, 9x32)
+
+
 def extents(spec: ConvSpec) -> dict[str, int]:
-    """The padded GEMM extents of the kernel's spec, fixed per spec (every config schedules the same PrimFunc)."""
-    return padded_conv_extents(kernel_spec(spec), pixel_unit(spec), CHANNEL_UNIT, CHANNEL_UNIT)
+    """The padded GEMM extents of the kernel's spec, fixed per spec (every config schedules the same PrimFunc);
+    a grouped conv's reduction and channels are one group's."""
+    unit = GROUP_UNIT if spec.groups > 1 else CHANNEL_UNIT
+    return padded_conv_extents(kernel_spec(spec), pixel_unit(spec), unit, unit)
+
+
+GROUPED_ENV = "TVM_B2B_GROUPED_TC"  # "0": grouped convs on CUDA cores only; "all": on tensor cores from 4 channels a group
+GROUPED_MIN_CHANNELS = 16  # channels a group from which a grouped conv runs on tensor cores by default
+
+
+def grouped_problem(spec: ConvSpec) -> str | None:
+    """Why a grouped conv does not run on this rule's tensor cores (the CUDA-core rule's then), or None."""
+    mode = os.environ.get(GROUPED_ENV, "")
+    if mode == "0":
+        return f"grouped conv (groups={spec.groups}): tensor cores turned off ({GROUPED_ENV}=0)"
+    cg, kg = spec.c // spec.groups, spec.k // spec.groups
+    least = 4 if mode == "all" else GROUPED_MIN_CHANNELS
+    if min(cg, kg) < least or cg % 4 or kg % 4:
+        return (f"grouped conv with {cg} input and {kg} output channels a group: tensor cores from {least} "
+                f"(multiples of 4), else too little reduction per output")
+    return None
+
+
+def grouped_config(spec: ConvSpec, ext: dict[str, int]) -> WmmaConfig:
+    """The untuned choice for a grouped conv: a group's channels in one tile (up to 64), 2 warps along the pixels,
+    32-deep steps where they divide the reduction, the largest pixel tile (128/64/32) that still gives MIN_BLOCKS
+    blocks (pixel tiles x groups x channel tiles), loads one step ahead."""
+    n1_tile = next(t for t in (64, 32, 16) if ext["k"] % t == 0)
+    warps_n = 2 if n1_tile >= 32 else 1
+    chunks = spec.groups * ext["k"] // n1_tile
+    tiles = [t for t in (128, 64, 32) if ext["m"] % t == 0]
+    m_tile = next((t for t in tiles if ext["m"] // t * chunks >= MIN_BLOCKS), tiles[-1])
+    return WmmaConfig(m_tile=m_tile, warps_m=2, warps_n=warps_n, k_tile=32 if ext["r"] % 32 == 0 else 16, n1_tile=n1_tile,
+                      pipeline=1, mma=1, epilogue=2 if m_tile >= 64 else 0)
 
 
 def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
@@ -59,6 +97,8 @@ def default_config(spec: ConvSpec, arch: int = 80) -> WmmaConfig:
     ext = extents(spec)
     if arch < 80:
         return WmmaConfig(m_tile=32) if ext["m"] % 64 else WmmaConfig()
+    if spec.groups > 1:
+        return grouped_config(spec, ext)
     wide = wide_config(ext)
     if wide is not None:
         return wide
@@ -96,6 +136,8 @@ def split_factor(spec: ConvSpec, cfg: WmmaConfig) -> int:
     at batch 1). ResNet-50's 7x7 and 14x14 layers at batch 1 (49 or 196 pixels: 16-32 blocks for 132 SMs,
     each running the whole reduction alone) split 8-9 ways."""
     ext, spec = extents(spec), kernel_spec(spec)
+    if spec.groups > 1:  # (op.conv.split_prim_funcs is dense: a grouped conv's groups are its blocks)
+        return 1
     blocks = ext["m"] // cfg.m_tile * (ext["k"] // cfg.n1_tile)
     steps = ext["r"] // cfg.k_tile
     taps = spec.kh * spec.kw
@@ -162,6 +204,9 @@ class ConvTensorCoreRule(TensorCoreRule):
     kernel_spec = staticmethod(kernel_spec)
     check_config = staticmethod(check_config)
     shared_bytes = staticmethod(shared_bytes)
+
+    def can_implement(self, spec: ConvSpec, info) -> str | None:
+        return (spec.groups > 1 and grouped_problem(spec)) or unsupported_reason(spec, info.arch)
 
     def default_config(self, spec: ConvSpec, info) -> WmmaConfig:
         return default_config(spec, info.arch)

@@ -341,7 +341,7 @@ class WmmaFusedSchedule:
         `frags_n` fragments per warp)."""
         sch, knob = self.sch, self.knob
         *outer, m, n = sch.get_loops(sch.get_sblock(block))
-        if outer:  # split-K slices (op.conv.split_prim_funcs): a grid dimension of their own
+        if outer:  # split-K slices (op.conv.split_prim_funcs) or a grouped conv's groups: a grid dimension of their own
             sch.bind(outer[0], "blockIdx.z")
         block_x, *m_in = sch.split(m, [None, knob["warps_m"], knob["frags_m"], MMA])
         n_chunk, *n_in = sch.split(n, [None, knob["warps_n"], frags_n, MMA])
@@ -361,15 +361,16 @@ class WmmaFusedSchedule:
         sch.bind(n_chunk, "blockIdx.y")
         sch.compute_at(sch.get_sblock("conv"), n_chunk)
         g = self._gemm(sch.get_sblock("conv"), self.knob["frags_n1"], self.knob["frags_k"])
-        self._to_shared(g, 0, vector_lanes(spec.c, 8))
-        self._to_shared(g, 1, vector_lanes(spec.k, 8))
+        channels = spec.k // spec.groups  # a grouped conv's GEMMs are its groups' (blockIdx.z: _output_tiles)
+        self._to_shared(g, 0, vector_lanes(spec.c // spec.groups, 8))
+        self._to_shared(g, 1, vector_lanes(channels, 8))
         sch.compute_inline(sch.get_sblock("im2col"))
         sch.compute_inline(sch.get_sblock("w_gemm"))
         if not split:
             sch.compute_inline(sch.get_sblock("out_pad"))
-        self._epilogue(g, sch.get_sblock("out"), spec.k, to_global=True)
+        self._epilogue(g, sch.get_sblock("out"), channels, to_global=True)
         if self.residual_tile:
-            self._residual_tile(g, sch.get_sblock("out"), spec.k)
+            self._residual_tile(g, sch.get_sblock("out"), channels)
         self._tensorize(g)
         return sch
 
