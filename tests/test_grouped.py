@@ -221,7 +221,8 @@ def test_cuda_conv_matches_reference(kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", [*TENSOR_CORE_CONVS, dict(n=1, h=28, w=28, c=128, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=32),
+@pytest.mark.parametrize("kind", [*TENSOR_CORE_CONVS,  # and 4 and 8 channels a group
+                                  dict(n=1, h=28, w=28, c=128, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=32),
                                   dict(n=2, h=15, w=15, c=256, k=256, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=32)],
                          ids=lambda kind: ConvSpec(**kind).to_string())
 def test_cuda_grouped_conv_on_tensor_cores_matches_reference(kind, monkeypatch):
