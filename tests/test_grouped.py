@@ -189,8 +189,8 @@ def test_cuda_grouped_conv_of_wide_groups_is_a_gemm_per_group(arch, tmp_path):
 
 
 def test_grouped_conv_rule_by_channels_a_group(monkeypatch):
-    """Tensor cores from 16 channels a group by default (fewer, or depthwise: CUDA cores, with the reason);
-    TVM_B2B_GROUPED_TC=all from 4, =0 never."""
+    """Tensor cores where a group's channels are multiples of 16 (fewer, or depthwise: CUDA cores, with the reason);
+    TVM_B2B_GROUPED_TC=0 never."""
     from tvm_b2b.schedule import rule_for
     from tvm_b2b.schedule.cuda_conv import GROUPED_ENV
     from tvm_b2b.op.conv_spec import OP_KIND
@@ -200,9 +200,8 @@ def test_grouped_conv_rule_by_channels_a_group(monkeypatch):
     wide = dataclasses.replace(eight, c=512, k=512)
     kernel = lambda spec: plan(spec, target).kernel  # noqa: E731
     assert kernel(wide) == "tensorcore" and kernel(eight) == "cuda-core" and kernel(ConvSpec(**CONVS[0])) == "cuda-core"
+    assert kernel(dataclasses.replace(wide, c=768)) == "cuda-core"  # 24 input channels a group
     assert "8 input and 8 output channels a group" in rule_for(target, OP_KIND).can_implement(eight, None)
-    monkeypatch.setenv(GROUPED_ENV, "all")
-    assert kernel(eight) == "tensorcore" and kernel(ConvSpec(**CONVS[0])) == "cuda-core"
     monkeypatch.setenv(GROUPED_ENV, "0")
     assert kernel(wide) == "cuda-core"
 
@@ -221,15 +220,8 @@ def test_cuda_conv_matches_reference(kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", [*TENSOR_CORE_CONVS,  # and 4 and 8 channels a group
-                                  dict(n=1, h=28, w=28, c=128, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=32),
-                                  dict(n=2, h=15, w=15, c=256, k=256, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=32)],
-                         ids=lambda kind: ConvSpec(**kind).to_string())
-def test_cuda_grouped_conv_on_tensor_cores_matches_reference(kind, monkeypatch):
-    """Every grouped conv the tensor-core rule takes with TVM_B2B_GROUPED_TC=all (4 and 8 channels a group too)."""
-    from tvm_b2b.schedule.cuda_conv import GROUPED_ENV
-
-    monkeypatch.setenv(GROUPED_ENV, "all")
+@pytest.mark.parametrize("kind", TENSOR_CORE_CONVS, ids=lambda kind: ConvSpec(**kind).to_string())
+def test_cuda_grouped_conv_on_tensor_cores_matches_reference(kind):
     spec = ConvSpec(**kind)
     assert plan(spec, parse_target("cuda")).kernel == "tensorcore"
     _assert_conv(spec, "cuda")
