@@ -1,6 +1,7 @@
 """CUDA rule of the grouped single convolution (op.conv with groups > 1: MobileNet's depthwise 3x3,
-ResNeXt's grouped 3x3, wherever they do not fuse with a 1x1), on CUDA cores: a grouped conv has too
-little reduction per output (kh kw c / groups) for tensor cores, and is bound by memory.
+ResNeXt's grouped 3x3 of 4 and 8 channels a group, wherever they do not fuse with a 1x1; cuda_conv takes groups of
+16-channel multiples on tensor cores), on CUDA cores: these have too little reduction per output (kh kw c / groups)
+for tensor cores, and are bound by memory.
 
 One thread per `channel_lanes` consecutive output channels of a pixel: its accumulators in registers,
 the taps unrolled, x and w read along the channels as vectors of 4 fp16 (8 bytes: float32 vectors are
