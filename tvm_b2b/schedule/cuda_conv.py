@@ -66,8 +66,9 @@ def grouped_problem(spec: ConvSpec) -> str | None:
     """Why a grouped conv does not run on this rule's tensor cores (the CUDA-core rule's then), or None. H200
     (bench/results/convs_grouped_tc*_h200_s17.txt, ResNeXt-50's grouped 3x3s against the CUDA-core rule): 16 and 32
     channels a group 3.5-4.0 us against 7.0-13.9 at batch 1, 13.6-29.3 against 71-78 at batch 32. 4 and 8 channels
-    a group (k steps spanning several taps) computed WRONG results with this template (8: both batches; 4: batch
-    1), and 4 measured 10x slower at batch 32 (836 against 85 us): refused, not miscompiled."""
+    a group computed WRONG results with this template (8: both batches; 4: batch 1; likely where a group's channels
+    are padded to a tile: the output tile of group g then covers group g + 1's first channels, which the block does
+    not compute), and 4 measured 10x slower at batch 32 (836 against 85 us): refused, not miscompiled."""
     if os.environ.get(GROUPED_ENV, "") == "0":
         return f"grouped conv (groups={spec.groups}): tensor cores turned off ({GROUPED_ENV}=0)"
     cg, kg = spec.c // spec.groups, spec.k // spec.groups
