@@ -31,7 +31,7 @@
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #                                            of the mma.sync template (TVM_B2B_HOPPER=0 unless given)
 #   bash bench/gpu_session.sh grouped        grouped convs on tensor cores (cuda_conv's GEMM per group): their GPU tests, then ResNeXt-50's
-#                                            grouped convs (batch 1 and 32) on CUDA cores (TVM_B2B_GROUPED_TC=0), then as shipped
+#                                            grouped convs (batch 1 and 32) with TVM_B2B_GROUPED_TC=0 (CUDA cores), then =all (merged groups too); MODES="..." picks
 #   bash bench/gpu_session.sh groupede2e NAME:BATCH,...   bench_e2e as shipped, then with TVM_B2B_GROUPED_TC=0 (CUDA cores)
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
@@ -159,13 +159,13 @@ case "$1" in
     resnext="h=56,w=56,c=128,k=128 h=56,w=56,c=256,k=256,stride=2 h=28,w=28,c=256,k=256 h=28,w=28,c=512,k=512,stride=2
              h=14,w=14,c=512,k=512 h=14,w=14,c=1024,k=1024,stride=2 h=7,w=7,c=1024,k=1024"
     specs=(); for n in 1 32; do for s in $resnext; do specs+=(--spec "n=$n,$s,kh=3,kw=3,pad_h=1,pad_w=1,groups=32"); done; done
-    for mode in 0 ""; do
+    for mode in ${MODES:-0 all}; do
       TVM_B2B_GROUPED_TC=$mode timeout 280 python3 bench/bench_convs.py "${specs[@]}" --config default \
         --json "$out/convs_grouped_tc$mode.json" 2>&1 | tee "$out/convs_grouped_tc$mode.txt" | grep -E "us |WRONG|rror"
     done
     ;;
   groupede2e)
-    for mode in "" 0; do
+    for mode in ${MODES:-"" 0}; do
       TVM_B2B_GROUPED_TC=$mode timeout 290 python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
         --out "$out/e2e_h200_grouped_tc$mode" 2>&1 | grep -v "^\s*$" | tail -25
     done

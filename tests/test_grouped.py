@@ -219,9 +219,33 @@ def test_cuda_conv_matches_reference(kind):
     _assert_conv(ConvSpec(**kind), "cuda")
 
 
+# 4 and 8 channels a group (ResNeXt-50's 56x56 and 28x28 layers): tensor cores with TVM_B2B_GROUPED_TC=all, merged
+MERGED_CONVS = [dict(n=1, h=28, w=28, c=128, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=32),
+                dict(n=2, h=15, w=15, c=256, k=256, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=32, residual=True)]
+
+
+@pytest.mark.parametrize("kind", MERGED_CONVS, ids=lambda kind: ConvSpec(**kind).to_string())
+def test_merged_groups_compute_the_same_conv(kind, monkeypatch):
+    """2 or 4 groups of 8 or 4 channels as one of 16 (block-diagonal weights): the reference of the conv the
+    kernel computes, on the inputs as it takes them, is the conv's."""
+    from tvm_b2b.schedule.cuda_conv import GROUPED_ENV, input_form
+
+    monkeypatch.setenv(GROUPED_ENV, "all")
+    spec = ConvSpec(**kind, dtype="float32")
+    form = input_form(spec)
+    assert form.spec(spec).groups * 16 == spec.c and form.spec(spec).c == spec.c
+    i = conv_random_inputs(spec, seed=5)
+    got = conv_reference(form.spec(spec), **form.arrays(spec, i))
+    assert np.abs(got - conv_reference(spec, **i)).max() <= 1e-5 * np.abs(got).max()
+    assert plan(dataclasses.replace(spec, dtype="float16"), parse_target("cuda:sm_90")).kernel == "tensorcore"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", TENSOR_CORE_CONVS, ids=lambda kind: ConvSpec(**kind).to_string())
-def test_cuda_grouped_conv_on_tensor_cores_matches_reference(kind):
+@pytest.mark.parametrize("kind", TENSOR_CORE_CONVS + MERGED_CONVS, ids=lambda kind: ConvSpec(**kind).to_string())
+def test_cuda_grouped_conv_on_tensor_cores_matches_reference(kind, monkeypatch):
+    from tvm_b2b.schedule.cuda_conv import GROUPED_ENV
+
+    monkeypatch.setenv(GROUPED_ENV, "all")  # (merged groups where the tensor cores need them)
     spec = ConvSpec(**kind)
     assert plan(spec, parse_target("cuda")).kernel == "tensorcore"
     _assert_conv(spec, "cuda")

@@ -72,10 +72,12 @@ class InputForm:
     cells: bool = False
     channels: int | None = None
     weights: str = "hwio"
+    groups: int | None = None  # a grouped conv's groups as the kernel takes them: every groups_merged consecutive ones as one
 
     def spec(self, spec: ConvSpec) -> ConvSpec:
         """The conv the kernel computes."""
         spec = space_to_depth(spec) if self.cells else spec
+        spec = dataclasses.replace(spec, groups=self.groups) if self.groups else spec
         return dataclasses.replace(spec, c=self.channels) if self.channels else spec
 
     def arrays(self, spec: ConvSpec, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -96,8 +98,24 @@ class InputForm:
             s, (kh, kw, _, _) = spec.stride, cell_grid(spec)
             w = np.pad(w, [(0, s * kh - spec.kh), (0, s * kw - spec.kw), (0, 0), (0, 0)])
             w = w.reshape(kh, s, kw, s, spec.c, spec.k).transpose(0, 2, 1, 3, 4, 5).reshape(kh, kw, -1, spec.k)
-        w = pad_channels(w, self.spec(spec).c - w.shape[2], 2)
+        if self.groups:
+            w = merged_group_weights(w, spec.groups, spec.groups // self.groups)
+        if self.channels:
+            w = pad_channels(w, self.channels - w.shape[2], 2)
         return kc_weights(w) if self.weights == "kc" else w
+
+
+def merged_group_weights(w: np.ndarray, groups: int, merged: int) -> np.ndarray:
+    """A grouped conv's w (kh, kw, c / groups, k) as that of `merged` times fewer groups (kh, kw, merged c / groups, k):
+    each merged group's weights block-diagonal, zero where an output channel would read another group's inputs (the
+    same conv, `merged` times the multiply-adds: tensor cores take a group of 4 or 8 channels as one of 16)."""
+    kh, kw, per_group, k = w.shape
+    out_per_group = k // groups
+    out = np.zeros((kh, kw, per_group * merged, k), w.dtype)
+    for g in range(groups):
+        rows, cols = slice(g % merged * per_group, (g % merged + 1) * per_group), slice(g * out_per_group, (g + 1) * out_per_group)
+        out[:, :, rows, cols] = w[:, :, :, cols]
+    return out
 
 
 def kc_weights(w: np.ndarray) -> np.ndarray:

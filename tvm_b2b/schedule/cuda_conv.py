@@ -30,7 +30,8 @@ def input_form(spec: ConvSpec) -> InputForm | None:
     a multiple of 4, so that each tap's channels load as 8- or 16-byte vectors; 3 channels otherwise
     gather 2-byte elements (H200, ResNet-50 batch 32: 268 us of 2209, before space-to-depth)."""
     if spec.groups > 1:
-        return None
+        merged = merged_groups(spec)
+        return InputForm(groups=merged) if merged else None
     cells = spec.stride > 1 and spec.c < 8
     c = space_to_depth(spec).c if cells else spec.c
     if c < 8:
@@ -58,8 +59,18 @@ def extents(spec: ConvSpec) -> dict[str, int]:
     return padded_conv_extents(kernel_spec(spec), pixel_unit(spec), unit, unit)
 
 
-GROUPED_ENV = "TVM_B2B_GROUPED_TC"  # "0": grouped convs on CUDA cores only (cuda_grouped_conv)
+GROUPED_ENV = "TVM_B2B_GROUPED_TC"  # "0": grouped convs on CUDA cores only (cuda_grouped_conv); "all": merged groups too
 GROUP_CHANNELS = 16  # a group's input and output channels must be multiples of this for tensor cores
+
+
+def merged_groups(spec: ConvSpec) -> int | None:
+    """The groups the kernel takes where 2 or 4 consecutive groups of 8 or 4 channels merge into one of 16
+    (block-diagonal weights: InputForm.groups), else None. Only with TVM_B2B_GROUPED_TC=all."""
+    cg, kg = spec.c // spec.groups, spec.k // spec.groups
+    if os.environ.get(GROUPED_ENV, "") != "all" or cg not in (4, 8):
+        return None
+    merged = GROUP_CHANNELS // cg
+    return spec.groups // merged if spec.groups % merged == 0 and kg * merged % GROUP_CHANNELS == 0 else None
 
 
 def grouped_problem(spec: ConvSpec) -> str | None:
@@ -209,7 +220,7 @@ class ConvTensorCoreRule(TensorCoreRule):
     shared_bytes = staticmethod(shared_bytes)
 
     def can_implement(self, spec: ConvSpec, info) -> str | None:
-        return (spec.groups > 1 and grouped_problem(spec)) or unsupported_reason(spec, info.arch)
+        return (spec.groups > 1 and grouped_problem(kernel_spec(spec))) or unsupported_reason(spec, info.arch)
 
     def default_config(self, spec: ConvSpec, info) -> WmmaConfig:
         return default_config(spec, info.arch)
