@@ -189,8 +189,8 @@ def test_cuda_grouped_conv_of_wide_groups_is_a_gemm_per_group(arch, tmp_path):
 
 
 def test_grouped_conv_rule_by_channels_a_group(monkeypatch):
-    """Tensor cores where a group's channels are multiples of 16 (fewer, or depthwise: CUDA cores, with the reason);
-    TVM_B2B_GROUPED_TC=0 never."""
+    """Tensor cores where a group's channels are multiples of 16, or 8 (merged); fewer, or depthwise: CUDA cores, with
+    the reason; TVM_B2B_GROUPED_TC=all from 4, =0 never."""
     from tvm_b2b.schedule import rule_for
     from tvm_b2b.schedule.cuda_conv import GROUPED_ENV
     from tvm_b2b.op.conv_spec import OP_KIND
@@ -199,11 +199,14 @@ def test_grouped_conv_rule_by_channels_a_group(monkeypatch):
     eight = ConvSpec(n=1, h=28, w=28, c=256, k=256, kh=3, kw=3, pad_h=1, pad_w=1, groups=32)
     wide = dataclasses.replace(eight, c=512, k=512)
     kernel = lambda spec: plan(spec, target).kernel  # noqa: E731
-    assert kernel(wide) == "tensorcore" and kernel(eight) == "cuda-core" and kernel(ConvSpec(**CONVS[0])) == "cuda-core"
-    assert kernel(dataclasses.replace(wide, c=768)) == "cuda-core"  # 24 input channels a group
-    assert "8 input and 8 output channels a group" in rule_for(target, OP_KIND).can_implement(eight, None)
+    four = dataclasses.replace(eight, c=128, k=128)
+    assert kernel(wide) == kernel(eight) == "tensorcore"  # 8 channels a group as 16 (two groups merged)
+    assert kernel(four) == kernel(ConvSpec(**CONVS[0])) == kernel(dataclasses.replace(wide, c=768)) == "cuda-core"
+    assert "4 input and 4 output channels a group" in rule_for(target, OP_KIND).can_implement(four, None)
+    monkeypatch.setenv(GROUPED_ENV, "all")
+    assert kernel(four) == "tensorcore" and kernel(ConvSpec(**CONVS[0])) == "cuda-core"
     monkeypatch.setenv(GROUPED_ENV, "0")
-    assert kernel(wide) == "cuda-core"
+    assert kernel(wide) == kernel(eight) == "cuda-core"
 
 
 @pytest.mark.gpu
@@ -219,7 +222,7 @@ def test_cuda_conv_matches_reference(kind):
     _assert_conv(ConvSpec(**kind), "cuda")
 
 
-# 4 and 8 channels a group (ResNeXt-50's 56x56 and 28x28 layers): tensor cores with TVM_B2B_GROUPED_TC=all, merged
+# 4 and 8 channels a group (ResNeXt-50's 56x56 and 28x28 layers): tensor cores as merged groups (4: with TVM_B2B_GROUPED_TC=all)
 MERGED_CONVS = [dict(n=1, h=28, w=28, c=128, k=128, kh=3, kw=3, pad_h=1, pad_w=1, groups=32),
                 dict(n=2, h=15, w=15, c=256, k=256, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=32, residual=True)]
 

@@ -59,15 +59,18 @@ def extents(spec: ConvSpec) -> dict[str, int]:
     return padded_conv_extents(kernel_spec(spec), pixel_unit(spec), unit, unit)
 
 
-GROUPED_ENV = "TVM_B2B_GROUPED_TC"  # "0": grouped convs on CUDA cores only (cuda_grouped_conv); "all": merged groups too
+GROUPED_ENV = "TVM_B2B_GROUPED_TC"  # "0": grouped convs on CUDA cores only (cuda_grouped_conv); "all": 4-channel groups too
 GROUP_CHANNELS = 16  # a group's input and output channels must be multiples of this for tensor cores
 
 
 def merged_groups(spec: ConvSpec) -> int | None:
-    """The groups the kernel takes where 2 or 4 consecutive groups of 8 or 4 channels merge into one of 16
-    (block-diagonal weights: InputForm.groups), else None. Only with TVM_B2B_GROUPED_TC=all."""
+    """The groups the kernel takes where 2 consecutive groups of 8 channels (4 of 4 with TVM_B2B_GROUPED_TC=all)
+    merge into one of 16 (block-diagonal weights: InputForm.groups), else None. H200, ResNeXt-50's grouped 3x3s
+    (bench/results/convs_grouped_merged_s17.txt against convs_grouped_tc0_h200_s17.txt, CUDA cores): 8 channels a
+    group 4.5-4.7 us against 5.5-5.6 at batch 1, 40.5 and 64.3 against 83.0 and 87.6 at batch 32; 4 channels slower
+    (56x56 128: 6.3 against 5.5, 90.3 against 85.4): twice and four times the multiply-adds."""
     cg, kg = spec.c // spec.groups, spec.k // spec.groups
-    if os.environ.get(GROUPED_ENV, "") != "all" or cg not in (4, 8):
+    if cg not in ((4, 8) if os.environ.get(GROUPED_ENV, "") == "all" else (8,)):
         return None
     merged = GROUP_CHANNELS // cg
     return spec.groups // merged if spec.groups % merged == 0 and kg * merged % GROUP_CHANNELS == 0 else None
@@ -77,9 +80,9 @@ def grouped_problem(spec: ConvSpec) -> str | None:
     """Why a grouped conv does not run on this rule's tensor cores (the CUDA-core rule's then), or None. H200
     (bench/results/convs_grouped_tc*_h200_s17.txt, ResNeXt-50's grouped 3x3s against the CUDA-core rule): 16 and 32
     channels a group 3.5-4.0 us against 7.0-13.9 at batch 1, 13.6-29.3 against 71-78 at batch 32. 4 and 8 channels
-    a group computed WRONG results with this template (8: both batches; 4: batch 1; likely where a group's channels
-    are padded to a tile: the output tile of group g then covers group g + 1's first channels, which the block does
-    not compute), and 4 measured 10x slower at batch 32 (836 against 85 us): refused, not miscompiled."""
+    a group taken as they are computed WRONG results with this template (8: both batches; 4: batch 1; likely where a
+    group's channels are padded to a tile: the output tile of group g then covers group g + 1's first channels, which
+    the block does not compute): refused, not miscompiled; merged_groups makes them groups of 16."""
     if os.environ.get(GROUPED_ENV, "") == "0":
         return f"grouped conv (groups={spec.groups}): tensor cores turned off ({GROUPED_ENV}=0)"
     cg, kg = spec.c // spec.groups, spec.k // spec.groups
