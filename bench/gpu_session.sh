@@ -32,6 +32,9 @@
 #                                            of the mma.sync template (TVM_B2B_HOPPER=0 unless given)
 #   bash bench/gpu_session.sh grouped        grouped convs on tensor cores (cuda_conv's GEMM per group): their GPU tests, then ResNeXt-50's
 #                                            grouped convs (batch 1 and 32) with TVM_B2B_GROUPED_TC=0 (CUDA cores), then =all (merged groups too); MODES="..." picks
+#   [NS="1 32" MODES="0 1" TESTS=0 LIMIT=S] bash bench/gpu_session.sh dwpairs CFG...   MobileNetV2's depthwise pairs (fused,
+#                                            grouped_pair's template; TVM_B2B_DW_STAGED each of MODES) with the default config and each
+#                                            CFG, against our two kernels and cuDNN; their GPU tests first
 #   bash bench/gpu_session.sh groupede2e NAME:BATCH,...   bench_e2e as shipped, then with TVM_B2B_GROUPED_TC=0 (CUDA cores)
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
@@ -162,6 +165,21 @@ case "$1" in
     for mode in ${MODES:-0 all}; do
       TVM_B2B_GROUPED_TC=$mode timeout 280 python3 bench/bench_convs.py "${specs[@]}" --config default \
         --json "$out/convs_grouped_tc$mode.json" 2>&1 | tee "$out/convs_grouped_tc$mode.txt" | grep -E "us |WRONG|rror"
+    done
+    ;;
+  dwpairs)  # MobileNetV2's depthwise pairs at each batch of NS (default 1), for each TVM_B2B_DW_STAGED of MODES (default "0 1"):
+    # the grouped pairs' GPU tests (TESTS=0: not), then bench_fused with the default config and each CFG given
+    shift; cfgs=(--config default); for c in "$@"; do cfgs+=(--config "$c"); done
+    for mode in ${MODES:-0 1}; do
+      export TVM_B2B_DW_STAGED=$mode
+      [ "${TESTS:-1}" = 1 ] && timeout "${TEST_LIMIT:-100}" python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider \
+        tests/test_grouped.py -k "cuda and pair" 2>&1 | tee "$out/gpu_tests_dwpairs_staged$mode.log" | tail -4
+      for n in ${NS:-1}; do
+        cases=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_fused import grouped_cases
+print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.groups == s.c and s.n == $n))")
+        timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/fused_dw_n${n}_staged$mode.json" 2>&1 \
+          | tee "$out/fused_dw_n${n}_staged$mode.txt" | grep -v "^\s*$"
+      done
     done
     ;;
   groupede2e)

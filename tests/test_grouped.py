@@ -18,6 +18,7 @@ from tvm_b2b import ConvSpec, FusedConvSpec, build
 from tvm_b2b.op import compare, random_inputs, reference
 from tvm_b2b.op.conv import conv_random_inputs, conv_reference
 from tvm_b2b.schedule import plan
+from tvm_b2b.schedule.cuda_grouped_pair import default_config
 from tvm_b2b.target import parse_target
 
 # MobileNetV2's depthwise pairs (relu6, projection without activation, residual where shapes match) and
@@ -163,7 +164,8 @@ def test_cuda_grouped_conv_builds(arch, tmp_path):
 
 def test_fusion_policy_fuses_only_where_it_measured_faster():
     """With the policy (a model's pairs): a grouped 3x3 with several channels per group does not fuse (each
-    k2 chunk would recompute it), nor a wide depthwise one (measured slower); MobileNetV2's first pair does."""
+    k2 chunk would recompute it), nor a wide depthwise one on few pixels (measured slower); MobileNetV2's first pair
+    does, and its large pairs at batch 32."""
     target = parse_target("cuda:sm_90")
     resnext = FusedConvSpec(n=1, h=14, w=14, c=512, k1=512, k2=1024, groups=32, residual=True)
     planned = plan(resnext, target, policy=True, unfused=False)
@@ -171,6 +173,14 @@ def test_fusion_policy_fuses_only_where_it_measured_faster():
     assert "k1=96 > 32" in plan(FusedConvSpec(**PAIRS[0]), target, policy=True, unfused=False).reason
     first = FusedConvSpec(n=1, h=112, w=112, c=32, k1=32, k2=16, groups=32, act1="relu6", act2="none")
     assert plan(first, target, policy=True, unfused=False).fused
+    # batch 32: the large layers up to k1 = 192 fuse (the wide ones with 64-channel steps), the 14x14 ones do not
+    large = FusedConvSpec(n=32, h=56, w=56, c=144, k1=144, k2=24, groups=144, act1="relu6", act2="none", residual=True)
+    assert plan(large, target, policy=True, unfused=False).fused
+    wide = FusedConvSpec(n=32, h=28, w=28, c=192, k1=192, k2=32, groups=192, act1="relu6", act2="none", residual=True)
+    assert plan(wide, target, policy=True, unfused=False).fused
+    assert (default_config(wide, 90).m_tile, default_config(wide, 90).k_tile) == (32, 64)
+    small = FusedConvSpec(n=32, h=14, w=14, c=384, k1=384, k2=64, groups=384, act1="relu6", act2="none", residual=True)
+    assert "k1=384 > 32 on 6272 input pixels" in plan(small, target, policy=True, unfused=False).reason
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

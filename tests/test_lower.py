@@ -14,7 +14,7 @@ from cuda_source import compiled_source, kernels
 from tvm_b2b import FusedConvSpec
 from tvm import tirx
 from tvm_b2b.lower import ALIGN, POOL_NAME, _allocations, _bytes, hoist_loop_syncs, is_pool, plan_offsets, register_pipeline
-from tvm_b2b.schedule import plan
+from tvm_b2b.schedule import cuda_grouped_pair, plan
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, shared_bytes
 from tvm_b2b.target import parse_target
 
@@ -80,7 +80,14 @@ WIDE = FusedConvSpec(n=2, h=14, w=14, c=256, k1=256, k2=1024, residual=True, dty
 BOTTLENECK = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=256, residual=True, dtype="float16")  # ResNet-50's first pair
 
 
+DEPTHWISE = FusedConvSpec(n=1, h=14, w=14, c=576, k1=576, k2=96, act1="relu6", act2="none", residual=True, groups=576,
+                          dtype="float16")  # a MobileNetV2 pair
+
+
 @pytest.mark.parametrize(("spec", "config"), [
+    (DEPTHWISE, "m_tile=32,k_tile=32,n2_tile=32,pipeline=1,mma=1,epilogue=0"),
+    (DEPTHWISE, "m_tile=32,k_tile=64,n2_tile=32,pipeline=2,mma=1,epilogue=2"),
+    (dataclasses.replace(DEPTHWISE, n=32), "m_tile=128,warps_m=4,k_tile=32,n2_tile=32,pipeline=3,mma=1,epilogue=2"),
     (WIDE, "m_tile=32,warps_m=2,warps_n=4,k_tile=16,n1_tile=256,n2_tile=512,pipeline=1"),  # was under-estimated
     (WIDE, "m_tile=64,warps_m=4,warps_n=4,k_tile=16,n1_tile=128,n2_tile=512,pipeline=1"),
     (SPEC, "m_tile=128,warps_m=4,k_tile=64,pipeline=1"), (SPEC, WmmaConfig().to_string()),
@@ -89,11 +96,13 @@ BOTTLENECK = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=256, residual=True, 
     (BOTTLENECK, "m_tile=128,warps_m=4,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1,epilogue=2"),
 ], ids=lambda v: v if isinstance(v, str) else v.to_string())
 def test_shared_bytes_bounds_the_planned_pool(spec, config):
-    """cuda_wmma.shared_bytes decides fusing vs two kernels and which tuning draws fit the GPU: it must
-    never be below the pool PoolSharedMemory plans (epilogue=2 with a residual: its residual tile too)."""
+    """cuda_wmma.shared_bytes (cuda_grouped_pair's for a grouped pair) decides fusing vs two kernels and which
+    tuning draws fit the GPU: it must never be below the pool PoolSharedMemory plans (epilogue=2 with a residual:
+    its residual tile too)."""
     cfg = WmmaConfig.parse(config)
     target = parse_target("cuda:sm_90")
     planned, launched = [], []
+    bound = (cuda_grouped_pair.shared_bytes if spec.groups > 1 else shared_bytes)(spec, cfg)
 
     @tvm.ir.instrument.pass_instrument
     class Grab:
@@ -106,7 +115,7 @@ def test_shared_bytes_bounds_the_planned_pool(spec, config):
     func = plan(spec, target, True, cfg).kernels[0]
     with tvm.transform.PassContext(config={"tirx.use_async_copy": True}, instruments=[Grab()]):
         tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline=register_pipeline())
-    assert len(planned) == 1 and 0 < planned[0] <= shared_bytes(spec, cfg)
+    assert len(planned) == 1 and 0 < planned[0] <= bound
     assert launched == planned  # no later pass resizes the pool (StorageRewrite doubled an all-fp16 one)
 
 

@@ -6,7 +6,7 @@ rectangle (an NHWC-indexed epilogue inside an m tile is not). The output and the
 therefore (m, k2) buffers: the same memory as NHWC (n, ho, wo, k2), reshaped for free by the caller.
 
 Block names are the schedules' contract: pad, conv1, mid, conv2, out; the padded GEMM form for
-tensor cores adds im2col, w1_gemm, w2_gemm and out_pad (and has no pad).
+tensor cores adds im2col, w1_gemm, w2_gemm and out_pad (and has no pad); its grouped form xcol instead of im2col.
 """
 from __future__ import annotations
 
@@ -167,20 +167,26 @@ def channel_lanes(spec: FusedConvSpec) -> int:
 
 def _grouped_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
     """mid (ext m, ext k1) = act1(grouped 3x3 conv(x) * s1 + b1), zero-padded: a direct convolution
-    (no GEMM: each output channel reads its group's c / groups input channels). Guards test whole
-    vectors of channel_lanes channels (k // lanes), so that a thread's vector of channels loads as one."""
-    dt, s, lanes = spec.dtype, spec.stride, channel_lanes(spec)
+    (no GEMM: each output channel reads its group's c / groups input channels) of `xcol`, the input
+    each output channel reads at each tap (m, 3, 3, c / groups, ext k1; zero where the window leaves
+    the image): a schedule inlines it (x read directly) or stages its tile in shared memory. Guards test
+    whole vectors of channel_lanes channels (k // lanes), so that a thread's vector of channels loads as one."""
+    dt, s, lanes, per_group = spec.dtype, spec.stride, channel_lanes(spec), spec.c // spec.groups
+    real = lambda m, k: tirx.all(m < spec.m, k // lanes < spec.k1 // lanes)  # noqa: E731
+
+    def xcol_at(m, th, tw, rc, k):
+        n, oh, ow = pixel(spec, m)
+        ih, iw = oh * s + th - 1, ow * s + tw - 1
+        inside = tirx.all(real(m, k), ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
+        return guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
+
+    xcol = te.compute((ext["m"], 3, 3, per_group, ext["k1"]), xcol_at, name="xcol")
     rh, rw = te.reduce_axis((0, 3), "rh"), te.reduce_axis((0, 3), "rw")
-    rc = te.reduce_axis((0, spec.c // spec.groups), "rc")
+    rc = te.reduce_axis((0, per_group), "rc")
 
     def conv1_at(m, k):
-        n, oh, ow = pixel(spec, m)
-        ih, iw = oh * s + rh - 1, ow * s + rw - 1
-        real = tirx.all(m < spec.m, k // lanes < spec.k1 // lanes)
-        inside = tirx.all(real, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
-        a = guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
-        b = guard(real, w1[rh, rw, rc, k], dt)
-        return te.sum(a.astype("float32") * b.astype("float32"), axis=[rh, rw, rc])
+        b = guard(real(m, k), w1[rh, rw, rc, k], dt)
+        return te.sum(xcol[m, rh, rw, rc, k].astype("float32") * b.astype("float32"), axis=[rh, rw, rc])
 
     conv1 = te.compute((ext["m"], ext["k1"]), conv1_at, name="conv1")
     return te.compute(

@@ -264,6 +264,7 @@ class _Gemm:
         self.outer, self.inner, self.chunk, self.warp = outer, inner, chunk, warp
         self.k_outer, self.k_inner = k_outer, k_inner
         self.staged = 0  # operand copies inside k_outer
+        self.late = 0  # of those, the last ones that the pipeline leaves in the step of the MMAs
         self.acc_name = ""  # the block storing the accumulators to shared memory
         self.tensorize_at: list = []
         self.init = None
@@ -390,10 +391,12 @@ class WmmaFusedSchedule:
 
     def _stage2(self, fused: bool):
         sch, spec = self.sch, self.spec
-        g = self._gemm(sch.get_sblock("conv2"), self.knob["frags_n2"], CONV2_K_FRAGS)
+        g = self._gemm(sch.get_sblock("conv2"), self.knob["frags_n2"], self._conv2_k_frags())
         if not fused:  # mid comes from global memory: stage it like any operand
             self._to_shared(g, 0, 8)
         self._to_shared(g, 1, vector_lanes(spec.k2, 8))
+        if fused:
+            self._place_mid(g)
         sch.compute_inline(sch.get_sblock("w2_gemm"))
         # the epilogue reads the accumulators once and trims the padding as it stores y
         sch.compute_inline(sch.get_sblock("out_pad"))
@@ -401,6 +404,14 @@ class WmmaFusedSchedule:
         if self.residual_tile:
             self._residual_tile(g, sch.get_sblock("out"), spec.k2)
         self._tensorize(g)
+
+    def _conv2_k_frags(self) -> int:
+        """conv2's reduction step in fragments."""
+        return CONV2_K_FRAGS
+
+    def _place_mid(self, g: _Gemm) -> None:
+        """Where the fused kernel computes mid relative to conv2's GEMM: here all of it before (run puts
+        it at the pixel tile), a rule may compute it per reduction step instead."""
 
     def _epilogue(self, g: _Gemm, block, channels: int, to_global: bool):
         """Places the GEMM's epilogue `block` (`channels` wide): per channel chunk, right after that
@@ -509,7 +520,8 @@ class WmmaFusedSchedule:
             # k_outer's body: the operand copies, then the MMA loop; the copies run `pipeline` steps
             # ahead (cp.async where the target has it: see codegen.compile_module), which hides L2's
             # latency when one step's MMAs take less time than a load
-            sch.annotate(g.k_outer, "software_pipeline_stage", [0] * g.staged + [self.pipeline])
+            early = g.staged - g.late  # (the late producers last: computed in the step that uses them)
+            sch.annotate(g.k_outer, "software_pipeline_stage", [0] * early + [self.pipeline] * (g.late + 1))
             sch.annotate(g.k_outer, "software_pipeline_order", list(range(g.staged + 1)))
             if self.arch >= 80:  # cp.async exists from sm_80 on; before, copies go through registers
                 sch.annotate(g.k_outer, "software_pipeline_async_stages", [0])
