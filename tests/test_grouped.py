@@ -29,6 +29,7 @@ PAIRS = [
     dict(n=1, h=15, w=13, c=40, k1=40, k2=20, stride=2, groups=40, act1="relu6", act2="none"),
     dict(n=1, h=8, w=8, c=64, k1=64, k2=48, groups=16, residual=True),
     dict(n=1, h=7, w=7, c=24, k1=48, k2=16, groups=24),  # a depth multiplier of 2
+    dict(n=2, h=8, w=8, c=192, k1=192, k2=32, groups=192, act1="relu6", act2="none", residual=True),  # 64-channel steps
 ]
 PAIR_IDS = [FusedConvSpec(**p).to_string() for p in PAIRS]
 CONVS = [
@@ -150,6 +151,22 @@ def test_cuda_depthwise_pair_is_one_kernel_and_builds(arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_wide_depthwise_pair_builds(arch, tmp_path):
+    """From k1 = 192 the default steps are 64 channels, two ahead: one kernel, three stages of mid and w2 in
+    shared memory (the pipeline's buffers), which nvcc compiles."""
+    spec = FusedConvSpec(**PAIRS[-1])
+    assert (default_config(spec, 90).k_tile, default_config(spec, 90).pipeline) == (64, 2)
+    target = parse_target(f"cuda:{arch}")
+    planned = plan(spec, target)
+    assert planned.fused and len(planned.kernels) == 1
+    source = compiled_source(planned.kernels, target)
+    assert "mma.sync.aligned.m16n8k16" in source and "cp.async.wait_group 2" in source  # two steps in flight
+    if arch not in nvcc_arches():
+        pytest.skip(f"nvcc here has no {arch}")
+    nvcc_compile(source, arch, tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_grouped_conv_builds(arch, tmp_path):
     spec = ConvSpec(**CONVS[1])
     target = parse_target(f"cuda:{arch}")
@@ -178,7 +195,8 @@ def test_fusion_policy_fuses_only_where_it_measured_faster():
     assert plan(large, target, policy=True, unfused=False).fused
     wide = FusedConvSpec(n=32, h=28, w=28, c=192, k1=192, k2=32, groups=192, act1="relu6", act2="none", residual=True)
     assert plan(wide, target, policy=True, unfused=False).fused
-    assert (default_config(wide, 90).m_tile, default_config(wide, 90).k_tile) == (32, 64)
+    cfg = default_config(wide, 90)
+    assert (cfg.m_tile, cfg.k_tile, cfg.n2_tile, cfg.pipeline) == (32, 64, 32, 2)
     small = FusedConvSpec(n=32, h=14, w=14, c=384, k1=384, k2=64, groups=384, act1="relu6", act2="none", residual=True)
     assert "k1=384 > 32 on 6272 input pixels" in plan(small, target, policy=True, unfused=False).reason
 

@@ -123,9 +123,12 @@ def extents(spec: FusedConvSpec) -> dict[str, int]:
     return padded_extents(spec, pixel_unit(spec), k_tile=1, n_tile=CHANNEL_UNIT)
 
 
-WIDE_STEP_K1, WIDE_STEP_CHANNELS = 192, 64  # from k1 = 192: 32-pixel tiles, 64 channels a step, 32-channel chunks
+WIDE_STEP_K1, WIDE_STEP_CHANNELS = 192, 64  # from k1 = 192: 32-pixel tiles, 64 channels a step two steps ahead,
+# 32-channel chunks
 # (H100, fused_dw_n*_h100_s20: faster than 32-channel steps in 13 of MobileNetV2's 16 such cases, e.g. N=1 7x7 960->160
-# 30.0 us against 55.0, N=32 14x14 384->64 17.2 against 28.7; slower by 6-9% in 3: more blocks, half the steps)
+# 30.0 us against 55.0, N=32 14x14 384->64 17.2 against 28.7; slower by 6-9% in 3: more blocks, half the steps);
+# two steps ahead (fused_dw_n32_h100_s20_pipeline.txt) 3-16% faster than one in 7 of the 8 at N=32, e.g. 28x28 192->32
+# 16.0 us against 17.9 (N=1 not measured)
 STEP_CHANNELS = 32  # default k_tile: mid's channels per reduction step (one 8-channel vector per thread of 4 warps, 32 pixels)
 
 
@@ -133,7 +136,8 @@ def default_config(spec: FusedConvSpec, arch: int = 80) -> WmmaConfig:
     """The untuned choice: 2x2 warps, ldmatrix + mma.sync, w2's tile and mid's step one step ahead,
     32 channels a step, 64-channel chunks (32 where that makes too few blocks), the largest pixel tile
     (128/64/32) that still gives MIN_BLOCKS blocks; the register epilogue through the fp16 tile from
-    64-pixel tiles up, as the dense pair's default."""
+    64-pixel tiles up, as the dense pair's default. From k1 = 192 (WIDE_STEP_K1): 32-pixel tiles and
+    chunks, 64 channels a step, two steps ahead."""
     ext = extents(spec)
     tiles = [t for t in (128, 64, 32) if ext["m"] % t == 0]
     wide = ext["k2"] % 64 == 0 and ext["m"] // tiles[-1] * (ext["k2"] // 64) >= MIN_BLOCKS
@@ -142,7 +146,7 @@ def default_config(spec: FusedConvSpec, arch: int = 80) -> WmmaConfig:
     cfg = WmmaConfig(m_tile=m_tile, k_tile=STEP_CHANNELS, n1_tile=32, n2_tile=n2_tile, pipeline=1, mma=1,
                      epilogue=2 if m_tile >= 64 else 0)
     if spec.k1 >= WIDE_STEP_K1 and ext["k1"] % WIDE_STEP_CHANNELS == 0:
-        cfg = dataclasses.replace(cfg, m_tile=tiles[-1], k_tile=WIDE_STEP_CHANNELS, n2_tile=32, epilogue=0)
+        cfg = dataclasses.replace(cfg, m_tile=tiles[-1], k_tile=WIDE_STEP_CHANNELS, n2_tile=32, pipeline=2, epilogue=0)
     while cfg.m_tile > tiles[-1] and shared_bytes(spec, cfg) > max_shared_bytes(arch):  # staged taps: 9x the inputs
         cfg = dataclasses.replace(cfg, m_tile=cfg.m_tile // 2, epilogue=2 if cfg.m_tile // 2 >= 64 else 0)
     return cfg
@@ -168,7 +172,8 @@ def shared_bytes(spec: FusedConvSpec, cfg: WmmaConfig) -> int:
     e = DTYPE_BYTES[spec.dtype]
     steps = cfg.pipeline + 1
     mid = cfg.m_tile * aligned_row(cfg.k_tile, 64, 8) * steps
-    acc = {0: cfg.m_tile * aligned_row(cfg.n2_tile, 32, 4) * 4 // e, 1: 0, 2: cfg.m_tile * aligned_row(cfg.n2_tile, 64, 8)}[cfg.epilogue]
+    acc = {0: cfg.m_tile * aligned_row(cfg.n2_tile, 32, 4) * 4 // e, 1: 0,
+           2: cfg.m_tile * aligned_row(cfg.n2_tile, 64, 8)}[cfg.epilogue]
     operands = cfg.k_tile * aligned_row(cfg.n2_tile, 64, 8) * steps
     residual = cfg.m_tile * aligned_row(cfg.n2_tile, 64, 8) if stages_residual(spec, cfg) else 0
     taps = cfg.m_tile * 9 * (spec.c // spec.groups) * cfg.k_tile * steps if staged_taps() else 0
