@@ -13,6 +13,7 @@ an ideal fused kernel must move: x, w1, w2, residual and y once each.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -133,6 +134,41 @@ def single_convs_us(spec: FusedConvSpec, inputs, target) -> float:
     return sum(build(s, target, db=None).time_us(conv_random_inputs(s)) for s in as_single_convs(spec))
 
 
+
+@contextlib.contextmanager
+def config_env(label: str):
+    """A config label "VAR=VALUE:config" (e.g. TVM_B2B_DW_CLUSTER=0:default, the template's kernel beside the cluster
+    kernel's in one run) sets VAR for that config's build and runs; yields the label's config part."""
+    env, _, plain = label.rpartition(":")
+    var, _, value = env.partition("=")
+    saved = os.environ.get(var) if var else None
+    if var:
+        os.environ[var] = value
+    try:
+        yield plain
+    finally:
+        if var and saved is None:
+            os.environ.pop(var, None)
+        elif var:
+            os.environ[var] = saved
+
+
+def measure_config(args, spec, inputs, want, plain: str, label: str, name: str) -> dict | None:
+    """The fused kernel of one config: built, checked against numpy, timed; None (said) where it does not tile spec."""
+    config = None if plain in ("default", "tuned") else plain
+    db = args.db if plain == "tuned" else None
+    try:
+        fused = build(spec, args.target, config=config, db=db)
+    except ValueError as err:  # a config that does not tile this case: said, and the next one
+        print(f"{name:40} {label[:60]:60} {str(err).splitlines()[0][:120]}", flush=True)
+        return None
+    shown = label if plain != "tuned" else f"tuned: {fused.config.to_string() if fused.config else 'no record, defaults'}"
+    err, ok = compare(spec, fused(**inputs), want)
+    fused_us = fused.time_us(inputs)
+    return dict(spec=spec.to_string(), config=shown, fused_us=fused_us, tflops=spec.flops / fused_us / 1e6,
+                max_abs_err=err, correct=ok, fused_kernels=len(fused.func_names), target=str(fused.target))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="cuda")
@@ -170,26 +206,20 @@ def main() -> int:
         groups = f" g={spec.groups}" if spec.groups > 1 else ""
         name = f"n={spec.n} {spec.h}x{spec.w}/{spec.stride} {spec.c}->{spec.k1}->{spec.k2}{groups}{' +r' if spec.residual else ''}"
         for label in configs:
-            config = None if label in ("default", "tuned") else label
-            db = args.db if label == "tuned" else None
-            try:
-                fused = build(spec, args.target, config=config, db=db)
-            except ValueError as err:  # a config that does not tile this case: said, and the next one
-                print(f"{name:40} {label[:60]:60} {str(err).splitlines()[0][:120]}", flush=True)
+            with config_env(label) as plain:  # "VAR=VALUE:config": this config built and run with VAR=VALUE
+                row = measure_config(args, spec, inputs, want, plain, label, name)
+            if row is None:
                 continue
-            config = label if label != "tuned" else f"tuned: {fused.config.to_string() if fused.config else 'no record, defaults'}"
-            err, ok = compare(spec, fused(**inputs), want)
-            fused_us = fused.time_us(inputs)
-            row = dict(spec=spec.to_string(), config=config or "default", fused_us=fused_us, unfused_us=unfused_us,
-                       single_convs_us=singles_us, torch_cudnn_us=torch_us, tflops=spec.flops / fused_us / 1e6, roofline_us=roof_us,
-                       max_abs_err=err, correct=ok, fused_kernels=len(fused.func_names))
+            row.update(unfused_us=unfused_us, single_convs_us=singles_us, torch_cudnn_us=torch_us, roofline_us=roof_us)
             rows.append(row)
             best_other = min(v for v in (unfused_us, singles_us, torch_us) if v)
-            print(f"{name:40} {(config or 'default')[:60]:60} {fused_us:9.1f} {unfused_us:10.1f} {singles_us or float('nan'):10.1f} "
+            fused_us = row["fused_us"]
+            print(f"{name:40} {row['config'][:60]:60} {fused_us:9.1f} {unfused_us:10.1f} {singles_us or float('nan'):10.1f} "
                   f"{torch_us or float('nan'):9.1f} {best_other / fused_us:6.2f}x {row['tflops']:8.1f} "
                   f"{roof_us or float('nan'):8.1f} {100 * roof_us / fused_us if roof_us else float('nan'):5.1f}%  "
-                  f"{'OK' if ok else 'MISMATCH'}", flush=True)
-    result = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), target=str(fused.target),
+                  f"{'OK' if row['correct'] else 'MISMATCH'}", flush=True)
+    target = rows[-1]["target"] if rows else args.target
+    result = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), target=target,
                   peak_fp16_tflops=peak_flops and peak_flops / 1e12, peak_copy_gbs=peak_bw and peak_bw / 1e9,
                   command=" ".join(sys.argv), rows=rows)
     path = args.json or os.path.join(os.path.dirname(__file__), "results", f"fused_{time.strftime('%Y%m%d_%H%M')}.json")

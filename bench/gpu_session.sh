@@ -36,6 +36,9 @@
 #                                            grouped_pair's template; TVM_B2B_DW_STAGED each of MODES) with the default config and each
 #                                            CFG, against our two kernels and cuDNN; their GPU tests first
 #   bash bench/gpu_session.sh groupede2e NAME:BATCH,...   bench_e2e as shipped, then with TVM_B2B_GROUPED_TC=0 (CUDA cores)
+#   [NS="1 32" TESTS=0 LIMIT=S] bash bench/gpu_session.sh dwcluster CFG...   MobileNetV2's depthwise pairs on sm_90's cluster kernel
+#                                            (default config and each CFG, e.g. bm=16,cs=8) beside the template's fused kernel, our two
+#                                            kernels and cuDNN; its GPU tests first
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
 #                                            the machine: carry ".devcarry/wheels" made by `pip download -d .devcarry/wheels tornado`)
@@ -180,6 +183,19 @@ print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.grou
         timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/fused_dw_n${n}_staged$mode.json" 2>&1 \
           | tee "$out/fused_dw_n${n}_staged$mode.txt" | grep -v "^\s*$"
       done
+    done
+    ;;
+  dwcluster)  # MobileNetV2's depthwise pairs at each batch of NS (default 1) on the cluster kernel (cuda_cluster_dw_pair: its
+    # default config and each CFG) beside the template's fused kernel, our two kernels and cuDNN, one run a batch; its GPU tests first
+    shift; cfgs=(--config "TVM_B2B_DW_CLUSTER=all:default" --config "TVM_B2B_DW_CLUSTER=0:default")
+    for c in "$@"; do cfgs+=(--config "TVM_B2B_DW_CLUSTER=all:$c"); done
+    [ "${TESTS:-1}" = 1 ] && timeout "${TEST_LIMIT:-150}" python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider \
+      tests/test_cuda_cluster_dw_pair.py 2>&1 | tee "$out/gpu_tests_dwcluster.log" | tail -4
+    for n in ${NS:-1}; do
+      cases=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_fused import grouped_cases
+print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.groups == s.c and s.n == $n))")
+      timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/fused_dwcluster_n${n}.json" 2>&1 \
+        | tee "$out/fused_dwcluster_n${n}.txt" | grep -v "^\s*$"
     done
     ;;
   groupede2e)

@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 import tvm_b2b
-from cuda_source import kernels, nvcc_arches, nvcc_compile
+from cuda_source import kernels, nvcc_arches, nvcc_compile, skip_unless_sm90
 from torchvision_models import export, onnxruntime_output, random_image, relative_error
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
@@ -166,6 +166,38 @@ def test_mobilenet_v2_builds_for_sm90_on_our_kernels(exports, tmp_path):
     if "sm_90" not in nvcc_arches():
         pytest.skip("nvcc here cannot compile for sm_90")
     nvcc_compile(source_path.read_text(), "sm_90", tmp_path)
+
+
+def test_mobilenet_v2_depthwise_pairs_on_the_cluster_kernel_build_for_sm90(exports, tmp_path, monkeypatch):
+    """TVM_B2B_DW_CLUSTER=all: each of MobileNetV2's 17 depthwise pairs one cluster kernel (the template's fusion
+    policy, which leaves 16 unfused, does not apply to it); the whole CUDA compiles with nvcc for sm_90a."""
+    from tvm_b2b.schedule.cuda_cluster_dw_pair import ENABLE_ENV
+
+    monkeypatch.setenv(ENABLE_ENV, "all")
+    path = exports("mobilenet_v2", 1, 224)
+    source_path = tmp_path / "mobilenet_v2.cu"
+    candidates = compile_model(path, str(tmp_path / "m.so"), parse_target("cuda:sm_90"), dtype="float16",
+                               emit_source=str(source_path))
+    pairs = pairs_of(candidates)
+    assert len(pairs) == 17 and all(p.fused for p in pairs)
+    source = source_path.read_text()
+    assert source.count("mapa.shared::cluster.u32") == 1 and len(re.findall(r"fused_dw3x3_conv1x1_cluster\w*_kernel\(", source)) >= 17
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("nvcc here cannot compile for sm_90")
+    nvcc_compile(source, "sm_90a", tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 32])
+def test_mobilenet_v2_on_the_cluster_kernel_matches_onnxruntime(exports, tmp_path, monkeypatch, batch):
+    from tvm_b2b.schedule.cuda_cluster_dw_pair import ENABLE_ENV
+
+    skip_unless_sm90()
+    monkeypatch.setenv(ENABLE_ENV, "all")
+    path = exports("mobilenet_v2", batch, 224)
+    compile_model(path, str(tmp_path / "m.so"), parse_target("cuda"), dtype="float16")
+    assert run_against_onnxruntime(path, tmp_path / "m.so", batch, 224) <= float16_tolerance(path, "mobilenet_v2", batch, 224,
+                                                                                             "cuda")
 
 
 GPU_CASES = [("resnet50", 1, 224), ("resnet50", 32, 224), ("mobilenet_v2", 1, 224), ("mobilenet_v2", 32, 224),

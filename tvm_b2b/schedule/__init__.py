@@ -1,6 +1,7 @@
 """Schedule rules of the op kinds, one per template and file: `cpu`, `cpu_conv` (llvm), `cuda_wmma`,
-`cuda_conv` (tensor cores), `cuda_hopper_conv` and `cuda_hopper_pair` (sm_90's TMA + wgmma; off by default), `cuda_grouped_pair` (a grouped 3x3 on CUDA cores feeding a 1x1 on tensor
-cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel with its
+`cuda_conv` (tensor cores), `cuda_hopper_conv` and `cuda_hopper_pair` (sm_90's TMA + wgmma; off by default),
+`cuda_cluster_dw_pair` (sm_90: a depthwise pair split over a thread-block cluster), `cuda_grouped_pair` (a grouped
+3x3 on CUDA cores feeding a 1x1 on tensor cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel with its
 `can_implement`, dlight's rule) with:
   - name, and can_implement(spec, info) -> why it cannot run the spec on that target, or None;
   - default_config(spec, info), knobs (what tuning searches), parse_config(text or config);
@@ -40,7 +41,7 @@ class Plan:
 # (op kind, target kind) -> the modules under schedule/ whose RULEs schedule that kind for that target
 RULES = {
     (OP_KIND, "llvm"): ("cpu",),
-    (OP_KIND, "cuda"): ("cuda_hopper_pair", "cuda_wmma", "cuda_grouped_pair"),
+    (OP_KIND, "cuda"): ("cuda_hopper_pair", "cuda_wmma", "cuda_cluster_dw_pair", "cuda_grouped_pair"),
     (CONV, "llvm"): ("cpu_conv",),
     (CONV, "cuda"): ("cuda_hopper_conv", "cuda_conv", "cuda_grouped_conv"),
 }

@@ -1,0 +1,417 @@
+"""sm_90 rule of the depthwise pair (MobileNet's depthwise 3x3 -> 1x1; op.spec with groups = c = k1): ONE kernel
+whose thread-block cluster splits k1, the 1x1's reduction, across its blocks, reduced through distributed shared
+memory. FlashFuser's way of fusing a GEMM chain on the H100 (arXiv 2512.12949), here for the depthwise pair.
+
+Why: cuda_grouped_pair's kernel gives each block all k1 channels of its pixels, a chain of steps (taps, 3x3, mma)
+per block, and few blocks on the 14x14 and 7x7 layers (N=1 14x14 384->64: 14 blocks, 21.7 us against 10.3 for two
+kernels, H100). A depthwise 3x3 has no reduction across channels, so its k1 channels split into independent slices.
+Here a cluster of `cs` blocks owns `bm` output pixels; block `rank` of it:
+  1. copies its slice of w2 (k1 / cs rows, all k2 channels) into shared memory (16-byte cp.async), while
+  2. its 128 threads compute the 3x3 for its k1 / cs channels of the pixels, 8 channels a thread at a time (the 9
+     taps' 16-byte loads issued together, fp32 sums), with s1/b1/act1, into `mid` (bm x k1 / cs, fp16, shared);
+  3. its 4 warps multiply mid by the slice on tensor cores (ldmatrix + mma.sync m16n8k16, fp32), each warp every
+     4th 8-channel tile of k2, into its partial sums (bm x k2, fp32, shared);
+  4. after a cluster barrier, the cluster's threads each sum 8 channels of one pixel over the cs blocks' partial
+     sums (ld.shared::cluster of each block's tile, mapa), apply s2/b2/[residual]/act2 and store them; a second
+     barrier keeps every block's shared memory alive until its peers have read it.
+mid never leaves the block, the partial sums never leave the cluster: no global round trip, no recompute, cs
+times the blocks of one block per pixel tile.
+
+TVM 0.27 has cluster launches (TIRx's T.cta_id_in_cluster: the kernel's launch parameters carry clusterCtaIdx,
+the runtime launches with cuLaunchKernelEx's cluster dimension) and cluster barriers (T.cuda.cluster_sync), but no
+schedule primitive for distributed shared memory or mma.sync from TIRx script: the kernel is TIRx script (as
+cuda_hopper_conv's) and its leaf steps are small device functions (T.cuda.func_call with their CUDA source, below),
+each one instruction or one 8-channel vector's arithmetic. Parameters given (bm, cs), not searched.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..lower import TIRX_ATTR
+from ..op.spec import FusedConvSpec
+from ..target import max_shared_bytes
+
+ENABLE_ENV = "TVM_B2B_DW_CLUSTER"  # "1": on where measured faster, "all": wherever it computes, else off (default)
+THREADS, WARPS = 128, 4
+MAX_CLUSTER = 8  # the portable cluster size (16 needs a non-portable opt-in)
+MMA_K, MMA_N = 16, 8
+MAX_GRID_Y = 65535  # the pixel tiles run along blockIdx.y
+MAX_ACC_REGS = 96  # fp32 accumulators a thread may hold (bm / 16 x its k2 tiles x 4)
+ACT_CODES = {"none": 0, "relu": 1, "relu6": 2}  # the activations the device functions compute
+
+ACT_MACRO = """#ifndef TVM_B2B_ACT
+#define TVM_B2B_ACT(v, act) ((act) == 1 ? fmaxf((v), 0.f) : (act) == 2 ? fminf(fmaxf((v), 0.f), 6.f) : (v))
+#endif
+"""
+DW_SOURCE = ACT_MACRO + """
+__forceinline__ __device__ void tvm_b2b_dw3x3x8(half* out, const half* x, const half* w1, const float* s1, const float* b1,
+                                                int ih0, int iw0, int h, int w, int c, int act) {
+  // 8 channels of one output pixel: x at its image's channel (pixel (ih, iw) at x + (ih * w + iw) * c), w1 at tap 0
+  // of the channel (tap t at w1 + t * c); the 9 taps' loads are independent (a predicated load outside the image)
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int t = 0; t < 9; ++t) {
+    int ih = ih0 + t / 3, iw = iw0 + t % 3;
+    uint4 xv = make_uint4(0, 0, 0, 0);
+    if (ih >= 0 && ih < h && iw >= 0 && iw < w) xv = __ldg(reinterpret_cast<const uint4*>(x + (ih * w + iw) * c));
+    uint4 wv = __ldg(reinterpret_cast<const uint4*>(w1 + t * c));
+    const half2* xh = reinterpret_cast<const half2*>(&xv);
+    const half2* wh = reinterpret_cast<const half2*>(&wv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 a = __half22float2(xh[i]), b = __half22float2(wh[i]);
+      acc[2 * i] = fmaf(a.x, b.x, acc[2 * i]);
+      acc[2 * i + 1] = fmaf(a.y, b.y, acc[2 * i + 1]);
+    }
+  }
+  uint4 o;
+  half2* oh = reinterpret_cast<half2*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    oh[i] = __floats2half2_rn(TVM_B2B_ACT(acc[2 * i] * s1[2 * i] + b1[2 * i], act),
+                              TVM_B2B_ACT(acc[2 * i + 1] * s1[2 * i + 1] + b1[2 * i + 1], act));
+  *reinterpret_cast<uint4*>(out) = o;
+}
+"""
+ZERO_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_zero8(half* out) { *reinterpret_cast<uint4*>(out) = make_uint4(0, 0, 0, 0); }
+"""
+COPY_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_cp_async16(half* shared, const half* global) {
+  unsigned at = (unsigned)__cvta_generic_to_shared(shared);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(at), "l"(global) : "memory");
+}
+"""
+WAIT_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\\n\\tcp.async.wait_group 0;" ::: "memory");
+}
+"""
+LOAD_A_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_ldmatrix_a(unsigned* a, const half* tile, int stride) {
+  // the 16 x 16 A tile at `tile` (rows `stride` halves apart) as mma.m16n8k16's row-major A fragment
+  int lane = threadIdx.x % 32;
+  unsigned at = (unsigned)__cvta_generic_to_shared(tile + (lane % 16) * stride + lane / 16 * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(at));
+}
+"""
+LOAD_B_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_ldmatrix_b(unsigned* b, const half* tile, int stride) {
+  // the 16 (k) x 8 (n) B tile at `tile`, stored k-row-major (rows `stride` halves apart), transposed into
+  // mma.m16n8k16's column-major B fragment
+  int lane = threadIdx.x % 32;
+  unsigned at = (unsigned)__cvta_generic_to_shared(tile + (lane % 16) * stride);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(b[0]), "=r"(b[1]) : "r"(at));
+}
+"""
+MMA_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_mma16816(float* c, const unsigned* a, const unsigned* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+"""
+STORE_ACC_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_store_acc(half* at, int stride, const float* c) {
+  // an m16n8 accumulator into the fp32 tile at `at` (rows `stride` floats apart): rows lane / 4 and + 8,
+  // channels 2 * (lane % 4) and + 1
+  int lane = threadIdx.x % 32;
+  float* row = reinterpret_cast<float*>(at) + (lane / 4) * stride + lane % 4 * 2;
+  *reinterpret_cast<float2*>(row) = make_float2(c[0], c[1]);
+  *reinterpret_cast<float2*>(row + 8 * stride) = make_float2(c[2], c[3]);
+}
+"""
+OUT_SOURCE = ACT_MACRO + """
+__forceinline__ __device__ void tvm_b2b_cluster_out8(half* y, const half* r, const half* partial, int ranks,
+                                                     const float* s2, const float* b2, int act, int has_r) {
+  // 8 channels of one pixel: the sum of the cluster's `ranks` blocks' partial sums at this block's offset
+  // `partial` (mapa: the same offset in block q's shared memory), then scale, bias, [+ r], act
+  unsigned local = (unsigned)__cvta_generic_to_shared(partial);
+  float acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+#pragma unroll
+  for (int q = 0; q < ranks; ++q) {
+    unsigned at;
+    float v[8];
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(at) : "r"(local), "r"(q));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(at) : "memory");
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4 + 16];"
+                 : "=f"(v[4]), "=f"(v[5]), "=f"(v[6]), "=f"(v[7]) : "r"(at) : "memory");
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += v[i];
+  }
+  float res[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) res[i] = 0.f;
+  if (has_r) {
+    uint4 rv = *reinterpret_cast<const uint4*>(r);
+    const half2* rh = reinterpret_cast<const half2*>(&rv);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __half22float2(rh[i]);
+      res[2 * i] = f.x;
+      res[2 * i + 1] = f.y;
+    }
+  }
+  uint4 o;
+  half2* oh = reinterpret_cast<half2*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    oh[i] = __floats2half2_rn(TVM_B2B_ACT(acc[2 * i] * s2[2 * i] + b2[2 * i] + res[2 * i], act),
+                              TVM_B2B_ACT(acc[2 * i + 1] * s2[2 * i + 1] + b2[2 * i + 1] + res[2 * i + 1], act));
+  *reinterpret_cast<uint4*>(y) = o;
+}
+"""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    bm: int = 32  # output pixels a cluster owns (16, 32 or 64: whole m16 tiles)
+    cs: int = 4  # blocks a cluster: each computes k1 / cs channels of mid
+
+    def to_string(self) -> str:
+        return f"bm={self.bm},cs={self.cs}"
+
+    @classmethod
+    def parse(cls, text: str) -> "ClusterConfig":
+        values = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
+        unknown = set(values) - {"bm", "cs"}
+        if unknown:
+            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of the cluster depthwise pair (bm, cs); "
+                             f"{ENABLE_ENV}=0 for the template's parameters")
+        cfg = cls(**{k: int(v) for k, v in values.items()})
+        if cfg.bm not in (16, 32, 64) or not 1 <= cfg.cs <= MAX_CLUSTER:
+            raise ValueError(f"config: {cfg.to_string()}: bm is 16, 32 or 64, cs 1 to {MAX_CLUSTER}")
+        return cfg
+
+
+def cluster_sizes(spec: FusedConvSpec) -> list[int]:
+    """The cluster sizes whose k1 slices are whole 16-channel steps of mma (ascending)."""
+    return [cs for cs in range(1, MAX_CLUSTER + 1) if spec.k1 % cs == 0 and spec.k1 // cs % MMA_K == 0]
+
+
+def acc_regs(spec: FusedConvSpec, bm: int) -> int:
+    """fp32 accumulators per thread: bm / 16 m16 tiles x every 4th of k2's n8 tiles x 4."""
+    return bm // 16 * -(-spec.k2 // MMA_N // WARPS) * 4
+
+
+def shared_bytes(spec: FusedConvSpec, cfg: ClusterConfig) -> int:
+    """mid (bm x k1/cs), w2's slice (k1/cs x k2) and the partial sums (bm x k2, fp32)."""
+    return 2 * layout(spec, cfg)["pool"]
+
+
+def layout(spec: FusedConvSpec, cfg: ClusterConfig) -> dict[str, int]:
+    """Offsets (halves) in the one dynamic shared allocation. Rows are padded by 8 halves: 16 bytes more than a
+    multiple of 32, so ldmatrix's 8 rows fall in distinct banks."""
+    ks = spec.k1 // cfg.cs
+    mid_row, w2_row = ks + 8, spec.k2 + 8
+    w2_at = cfg.bm * mid_row
+    partial_at = w2_at + ks * w2_row
+    return {"mid_row": mid_row, "w2_row": w2_row, "w2_at": w2_at, "partial_at": partial_at,
+            "pool": partial_at + cfg.bm * spec.k2 * 2}
+
+
+def spec_problem(spec: FusedConvSpec) -> str | None:
+    """Why the kernel cannot compute this pair, or None."""
+    if not (spec.groups == spec.c == spec.k1):
+        return f"groups={spec.groups}, c={spec.c}, k1={spec.k1}: depthwise pairs only (groups = c = k1)"
+    if spec.dtype != "float16":
+        return f"dtype {spec.dtype} (float16 only)"
+    if spec.act1 not in ACT_CODES or spec.act2 not in ACT_CODES:
+        return f"activations {spec.act1}/{spec.act2}: {', '.join(ACT_CODES)} only"
+    if not cluster_sizes(spec) or spec.k2 % MMA_N:
+        return f"k1={spec.k1}, k2={spec.k2}: k1 a multiple of 16 (mma's k), k2 of 8 (its n)"
+    if acc_regs(spec, 16) > MAX_ACC_REGS:
+        return f"k2={spec.k2}: {acc_regs(spec, 16)} accumulators a thread, more than {MAX_ACC_REGS}"
+    return None
+
+
+def config_problem(spec: FusedConvSpec, cfg: ClusterConfig, arch: int = 90) -> str | None:
+    if cfg.cs not in cluster_sizes(spec):
+        return f"cs={cfg.cs}: k1={spec.k1} does not split into {cfg.cs} slices of whole 16-channel steps"
+    if acc_regs(spec, cfg.bm) > MAX_ACC_REGS:
+        return f"bm={cfg.bm}: {acc_regs(spec, cfg.bm)} accumulators a thread for k2={spec.k2}, more than {MAX_ACC_REGS}"
+    if shared_bytes(spec, cfg) > max_shared_bytes(arch):
+        return f"{cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory"
+    if -(-spec.m // cfg.bm) > MAX_GRID_Y:
+        return f"bm={cfg.bm}: {-(-spec.m // cfg.bm)} pixel tiles, more than CUDA's grid takes (blockIdx.y, {MAX_GRID_Y})"
+    return None
+
+
+def default_config(spec: FusedConvSpec, arch: int = 90) -> ClusterConfig:
+    """The largest cluster (the most blocks, the shortest chain per block), and the largest pixel tile that still
+    gives two clusters per SM's worth of blocks (132 SMs), within the accumulators and shared memory."""
+    cs = cluster_sizes(spec)[-1]
+    fits = [bm for bm in (64, 32, 16) if config_problem(spec, ClusterConfig(bm, cs), arch) is None] or [16]
+    bm = next((bm for bm in fits if -(-spec.m // bm) * cs >= 2 * 132), fits[-1])
+    return ClusterConfig(bm=bm, cs=cs)
+
+
+def pair_func(spec: FusedConvSpec, cfg: ClusterConfig, name: str = "fused_dw3x3_conv1x1_cluster"):
+    """The kernel as a TIRx PrimFunc: (x, w1, s1, b1, w2, s2, b2, [residual (m, k2)], y (m, k2)), the op's arrays as
+    given (w1 (3, 3, 1, k1), w2 (k1, k2))."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    problem = spec_problem(spec) or config_problem(spec, cfg)
+    if problem:
+        raise ValueError(f"{spec.to_string()}: {problem}")
+    m, c, k1, k2, bm, cs = spec.m, spec.c, spec.k1, spec.k2, cfg.bm, cfg.cs
+    at = layout(spec, cfg)
+    mid_row, w2_row, w2_at, partial_at = at["mid_row"], at["w2_row"], at["w2_at"], at["partial_at"]
+    ks, tiles, m_tiles = k1 // cs, -(-m // bm), bm // 16
+    mid_vectors, out_vectors, n_tiles = ks // 8, k2 // 8, k2 // MMA_N
+    warp_tiles = -(-n_tiles // WARPS)  # a warp's n8 tiles of k2: warp, warp + 4, ...
+    stride, act1, act2, residual = spec.stride, ACT_CODES[spec.act1], ACT_CODES[spec.act2], bool(spec.residual)
+
+    def pixel(p):
+        return p // (spec.ho * spec.wo), p // spec.wo % spec.ho, p % spec.wo
+
+    @T.prim_func
+    def func(x_ptr: T.handle, w1_ptr: T.handle, s1_ptr: T.handle, b1_ptr: T.handle, w2_ptr: T.handle, s2_ptr: T.handle,
+             b2_ptr: T.handle, r_ptr: T.handle, y_ptr: T.handle):
+        x = T.match_buffer(x_ptr, (spec.n, spec.h, spec.w, c), "float16", align=16)
+        w1 = T.match_buffer(w1_ptr, (3, 3, 1, k1), "float16", align=16)
+        s1 = T.match_buffer(s1_ptr, (k1,), "float32", align=16)
+        b1 = T.match_buffer(b1_ptr, (k1,), "float32", align=16)
+        w2 = T.match_buffer(w2_ptr, (k1, k2), "float16", align=16)
+        s2 = T.match_buffer(s2_ptr, (k2,), "float32", align=16)
+        b2 = T.match_buffer(b2_ptr, (k2,), "float32", align=16)
+        r = T.match_buffer(r_ptr, (m, k2), "float16", align=16)
+        y = T.match_buffer(y_ptr, (m, k2), "float16", align=16)
+
+        T.device_entry()
+        _slice, tile = T.cta_id([cs, tiles])  # a cluster: the cs blocks of one pixel tile
+        rank = T.cta_id_in_cluster([cs])
+        tx = T.thread_id([THREADS])
+        pool = T.alloc_buffer((at["pool"],), "float16", scope="shared.dyn", align=128)
+        a_frag = T.alloc_buffer((m_tiles * 4,), "uint32", scope="local")
+        b_frag = T.alloc_buffer((2,), "uint32", scope="local")
+        acc = T.alloc_buffer((m_tiles * warp_tiles * 4,), "float32", scope="local")
+        warp = T.meta_var(tx // 32)
+        # 1. w2's slice (rows rank * ks ...), in flight while the 3x3 runs
+        for i in T.unroll(-(-ks * out_vectors // THREADS)):
+            u = T.meta_var(tx + i * THREADS)
+            if u < ks * out_vectors:
+                row, col = T.meta_var((u // out_vectors, u % out_vectors * 8))
+                T.cuda.func_call("tvm_b2b_cp_async16", T.address_of(pool[w2_at + row * w2_row + col]),
+                                 T.address_of(w2[rank * ks + row, col]), source_code=COPY_SOURCE)
+        # 2. the 3x3 of the slice's channels, 8 a thread at a time, into mid (zeros past the last pixel)
+        for i in T.unroll(-(-bm * mid_vectors // THREADS)):
+            u = T.meta_var(tx + i * THREADS)
+            if u < bm * mid_vectors:
+                p = T.meta_var(tile * bm + u // mid_vectors)
+                ch = T.meta_var(rank * ks + u % mid_vectors * 8)
+                img, oh, ow = T.meta_var(pixel(p))
+                if p < m:
+                    T.cuda.func_call("tvm_b2b_dw3x3x8", T.address_of(pool[u // mid_vectors * mid_row + u % mid_vectors * 8]),
+                                     T.address_of(x[img, 0, 0, ch]), T.address_of(w1[0, 0, 0, ch]), T.address_of(s1[ch]),
+                                     T.address_of(b1[ch]), oh * stride - 1, ow * stride - 1, spec.h, spec.w, c, act1,
+                                     source_code=DW_SOURCE)
+                else:
+                    T.cuda.func_call("tvm_b2b_zero8", T.address_of(pool[u // mid_vectors * mid_row + u % mid_vectors * 8]),
+                                     source_code=ZERO_SOURCE)
+        T.cuda.func_call("tvm_b2b_cp_async_wait_all", source_code=WAIT_SOURCE)
+        T.cuda.cta_sync()
+        # 3. mid @ w2's slice: warp w's n8 tiles w, w + 4, ... for every m16 tile, 16 channels of mid a step
+        for i in T.unroll(m_tiles * warp_tiles * 4):
+            acc[i] = T.float32(0)
+        for kk in T.unroll(ks // MMA_K):
+            for t in T.unroll(m_tiles):
+                T.cuda.func_call("tvm_b2b_ldmatrix_a", T.address_of(a_frag[t * 4]),
+                                 T.address_of(pool[t * 16 * mid_row + kk * MMA_K]), mid_row, source_code=LOAD_A_SOURCE)
+            for j in T.unroll(warp_tiles):
+                if j * WARPS + warp < n_tiles:
+                    T.cuda.func_call("tvm_b2b_ldmatrix_b", T.address_of(b_frag[0]),
+                                     T.address_of(pool[w2_at + kk * MMA_K * w2_row + (j * WARPS + warp) * MMA_N]), w2_row,
+                                     source_code=LOAD_B_SOURCE)
+                    for t in T.unroll(m_tiles):
+                        T.cuda.func_call("tvm_b2b_mma16816", T.address_of(acc[(t * warp_tiles + j) * 4]),
+                                         T.address_of(a_frag[t * 4]), T.address_of(b_frag[0]), source_code=MMA_SOURCE)
+        for j in T.unroll(warp_tiles):
+            if j * WARPS + warp < n_tiles:
+                for t in T.unroll(m_tiles):
+                    tile_at = T.meta_var(partial_at + 2 * (t * 16 * k2 + (j * WARPS + warp) * MMA_N))  # fp32: 2 halves each
+                    T.cuda.func_call("tvm_b2b_store_acc", T.address_of(pool[tile_at]), k2,
+                                     T.address_of(acc[(t * warp_tiles + j) * 4]), source_code=STORE_ACC_SOURCE)
+        T.cuda.cluster_sync()  # every block's partial sums written (release), visible to the cluster (acquire)
+        # 4. each of the cluster's threads: 8 channels of one pixel summed over the cs blocks, the epilogue, the store
+        for i in T.unroll(-(-bm * out_vectors // (THREADS * cs))):
+            u = T.meta_var(rank * THREADS + tx + i * THREADS * cs)
+            if u < bm * out_vectors:
+                p = T.meta_var(tile * bm + u // out_vectors)
+                ch = T.meta_var(u % out_vectors * 8)
+                partial = T.meta_var(T.address_of(pool[partial_at + 2 * (u // out_vectors * k2 + ch)]))
+                if p < m:
+                    if residual:
+                        T.cuda.func_call("tvm_b2b_cluster_out8", T.address_of(y[p, ch]), T.address_of(r[p, ch]), partial, cs,
+                                         T.address_of(s2[ch]), T.address_of(b2[ch]), act2, 1, source_code=OUT_SOURCE)
+                    else:  # (r is not a parameter: y's address in its place, not read)
+                        T.cuda.func_call("tvm_b2b_cluster_out8", T.address_of(y[p, ch]), T.address_of(y[p, ch]), partial, cs,
+                                         T.address_of(s2[ch]), T.address_of(b2[ch]), act2, 0, source_code=OUT_SOURCE)
+        T.cuda.cluster_sync()  # no block exits (its shared memory gone) while a peer still reads its partial sums
+
+    params = [p for p in func.params if residual or p.name != "r"]
+    func = tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
+    return func.with_attr("global_symbol", name).with_attr(TIRX_ATTR, True).with_attr("op_pattern", 8)
+
+
+class ClusterDepthwisePairRule:
+    """sm_90 depthwise pairs fused on a thread-block cluster; `switch` as the Hopper rules' ("1": where measured faster,
+    "all": wherever it computes the spec, else off); optional: rule_for falls back past it to the template's rule."""
+
+    name = "cluster depthwise pair (sm_90)"
+    knobs: dict = {}
+    optional = True
+    switch, default = ENABLE_ENV, "0"
+
+    def slower(self, spec: FusedConvSpec) -> str | None:
+        """Where the kernel measured slower than the template's plan (fused or two kernels), or None."""
+        return None
+
+    def measured_slower(self, spec, info) -> str | None:
+        on = os.environ.get(self.switch, self.default) == "1" and info.arch == 90
+        return self.slower(spec) if on and not spec_problem(spec) else None
+
+    def can_implement(self, spec, info) -> str | None:
+        mode = os.environ.get(self.switch, self.default)
+        if mode not in ("1", "all"):
+            return f"the cluster kernel is off ({self.switch}={mode})"
+        if info.arch != 90:
+            return f"sm_{info.arch}: thread-block clusters and distributed shared memory need sm_90"
+        return spec_problem(spec) or (self.slower(spec) if mode == "1" else None)
+
+    def parse_config(self, config):
+        return ClusterConfig.parse(config) if isinstance(config, str) else config
+
+    def default_config(self, spec: FusedConvSpec, info) -> ClusterConfig:
+        return default_config(spec, info.arch)
+
+    def workload(self, spec: FusedConvSpec):
+        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
+        import tvm
+
+        return tvm.IRModule({"main": pair_func(spec, default_config(spec))})
+
+    def plan(self, spec: FusedConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
+        """One kernel; the two-kernel form, where asked (fused=False), is cuda_grouped_pair's."""
+        from . import Plan
+        from .cuda_grouped_pair import RULE as TEMPLATE
+
+        if not fused:
+            return TEMPLATE.plan(spec, info, None, False, policy, unfused)
+        cfg = config or default_config(spec, info.arch)
+        problem = config_problem(spec, cfg, info.arch)
+        if problem:
+            raise ValueError(f"config: {problem}")
+        return Plan([pair_func(spec, cfg)], True, cfg, kernel="tensorcore")
+
+
+RULE = ClusterDepthwisePairRule()
