@@ -36,6 +36,7 @@
 #                                            grouped_pair's template; TVM_B2B_DW_STAGED each of MODES) with the default config and each
 #                                            CFG, against our two kernels and cuDNN; their GPU tests first
 #   bash bench/gpu_session.sh groupede2e NAME:BATCH,...   bench_e2e as shipped, then with TVM_B2B_GROUPED_TC=0 (CUDA cores)
+#   [MODES="all 0"] bash bench/gpu_session.sh dwclustere2e NAME:BATCH,...   bench_e2e with TVM_B2B_DW_CLUSTER of each of MODES
 #   [NS="1 32" TESTS=0 LIMIT=S] bash bench/gpu_session.sh dwcluster CFG...   MobileNetV2's depthwise pairs on sm_90's cluster kernel
 #                                            (default config and each CFG, e.g. bm=16,cs=8) beside the template's fused kernel, our two
 #                                            kernels and cuDNN; its GPU tests first
@@ -174,7 +175,7 @@ case "$1" in
     # the grouped pairs' GPU tests (TESTS=0: not), then bench_fused with the default config and each CFG given
     shift; cfgs=(--config default); for c in "$@"; do cfgs+=(--config "$c"); done
     for mode in ${MODES:-0 1}; do
-      export TVM_B2B_DW_STAGED=$mode
+      export TVM_B2B_DW_STAGED=$mode TVM_B2B_DW_CLUSTER=0  # the template (sm_90's cluster kernel would take some pairs)
       [ "${TESTS:-1}" = 1 ] && timeout "${TEST_LIMIT:-100}" python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider \
         tests/test_grouped.py -k "cuda and pair" 2>&1 | tee "$out/gpu_tests_dwpairs_staged$mode.log" | tail -4
       for n in ${NS:-1}; do
@@ -202,6 +203,13 @@ print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.grou
     for mode in ${MODES:-"" 0}; do
       TVM_B2B_GROUPED_TC=$mode timeout 290 python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
         --out "$out/e2e_h200_grouped_tc$mode" 2>&1 | grep -v "^\s*$" | tail -25
+    done
+    ;;
+  dwclustere2e)  # bench_e2e with TVM_B2B_DW_CLUSTER of each of MODES (default "all 0": every depthwise pair on the cluster kernel, then
+    # none), on the shipped records
+    for mode in ${MODES:-all 0}; do
+      TVM_B2B_DW_CLUSTER=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
+        --out "$out/e2e_dwcluster_$mode" 2>&1 | grep -v "^\s*$" | tail -25
     done
     ;;
   hoppere2e)

@@ -55,18 +55,24 @@ def test_rule_refuses_what_it_does_not_compute(cluster_on, case, why):
         cluster.pair_func(spec, cluster.ClusterConfig(bm=16, cs=1))
 
 
-def test_rule_needs_sm90_and_is_off_by_default(monkeypatch):
-    """Clusters need sm_90; off unless TVM_B2B_DW_CLUSTER=1 or all (then the pair is one kernel, whatever the
-    template's fusion policy says of it); the two-kernel form asked for is the template's."""
-    spec = depthwise("n=1,h=14,w=14,c=384,k1=384,k2=64,residual=1")
+def test_rule_takes_the_pairs_where_it_measured_faster(monkeypatch):
+    """On by default on sm_90 where it measured faster (batch 1 from 56x56 down, k1 < 960), the pair then one kernel
+    whatever the template's fusion policy says of it; elsewhere the template's rule and policy, with the reason; off with
+    TVM_B2B_DW_CLUSTER=0, everywhere it computes with =all; clusters need sm_90; the two-kernel form is the template's."""
+    small = depthwise("n=1,h=14,w=14,c=384,k1=384,k2=64,residual=1")
     monkeypatch.delenv(cluster.ENABLE_ENV, raising=False)
-    assert "off" in cluster.RULE.can_implement(spec, target_info(SM90))
-    assert not plan(spec, SM90, policy=True).fused  # the template's policy: k1 = 384 on 196 pixels stays unfused
+    planned = plan(small, SM90, policy=True)
+    assert planned.fused and len(planned.kernels) == 1 and planned.config == cluster.default_config(small)
+    assert len(plan(small, SM90, fused=False).kernels) == 2
+    for text, why in [("n=32,h=14,w=14,c=384,k1=384,k2=64", "6272 input pixels"), ("n=1,h=7,w=7,c=960,k1=960,k2=160", "k1=960")]:
+        assert why in cluster.RULE.can_implement(depthwise(text), target_info(SM90))
+        assert rule_for(SM90, "conv3x3_conv1x1", depthwise(text)).name != cluster.RULE.name
+    assert "need sm_90" in cluster.RULE.can_implement(small, target_info(SM80))
+    monkeypatch.setenv(cluster.ENABLE_ENV, "0")
+    assert "off" in cluster.RULE.can_implement(small, target_info(SM90))
+    assert not plan(small, SM90, policy=True).fused  # the template's policy: k1 = 384 on 196 pixels stays unfused
     monkeypatch.setenv(cluster.ENABLE_ENV, "all")
-    assert "need sm_90" in cluster.RULE.can_implement(spec, target_info(SM80))
-    planned = plan(spec, SM90, policy=True)
-    assert planned.fused and len(planned.kernels) == 1 and planned.config == cluster.default_config(spec)
-    assert len(plan(spec, SM90, fused=False).kernels) == 2
+    assert plan(depthwise("n=32,h=14,w=14,c=384,k1=384,k2=64"), SM90, policy=True).kernels[0].attrs[cluster.TIRX_ATTR]
 
 
 @pytest.mark.parametrize("case,config", [("n=1,h=14,w=14,c=384,k1=384,k2=64", cluster.ClusterConfig(bm=16, cs=8)),
@@ -144,10 +150,21 @@ def _random_pair(n, h, w, c, k2_tiles, stride, residual):
 
 
 @pytest.mark.gpu
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(spec=st.builds(_random_pair, st.integers(1, 3), st.integers(2, 17), st.integers(2, 17),
                       st.sampled_from([16, 48, 96, 240]), st.integers(1, 12), st.sampled_from([1, 2]), st.booleans()))
 def test_random_shapes_match_numpy(cluster_on, spec):
     """Random sizes (odd ones, stride 2, k2 in any number of n8 tiles, residual where the shapes allow) at the default
     config."""
     _assert_matches_numpy(spec, None)
+
+
+def test_a_template_config_says_which_kernel_runs_the_pair():
+    """A config of the template's (as text or object) for a pair this kernel takes: one line naming the switch."""
+    from tvm_b2b.schedule.cuda_wmma import WmmaConfig
+
+    spec = depthwise("n=1,h=14,w=14,c=384,k1=384,k2=64")
+    for config in ("m_tile=32,k_tile=64", WmmaConfig()):
+        with pytest.raises(ValueError, match="TVM_B2B_DW_CLUSTER=0") as raised:
+            build(spec, "cuda:sm_90", config=config, db=None)
+        assert "\n" not in str(raised.value)

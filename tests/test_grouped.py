@@ -21,6 +21,13 @@ from tvm_b2b.schedule import plan
 from tvm_b2b.schedule.cuda_grouped_pair import default_config
 from tvm_b2b.target import parse_target
 
+@pytest.fixture(autouse=True)
+def template_rules(monkeypatch):
+    """These tests are the CUDA template's (cuda_grouped_pair, cuda_grouped_conv): sm_90's cluster kernel, which takes
+    some depthwise pairs by default, off (tests/test_cuda_cluster_dw_pair.py is its)."""
+    monkeypatch.setenv("TVM_B2B_DW_CLUSTER", "0")
+
+
 # MobileNetV2's depthwise pairs (relu6, projection without activation, residual where shapes match) and
 # ResNeXt's grouped ones (4 channels per group, residual + relu), scaled down
 PAIRS = [

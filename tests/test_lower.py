@@ -95,10 +95,11 @@ DEPTHWISE = FusedConvSpec(n=1, h=14, w=14, c=576, k1=576, k2=96, act1="relu6", a
     (SPEC, "m_tile=128,k_tile=64,pipeline=1,mma=1,epilogue=2"), (WIDE, "n1_tile=128,n2_tile=256,mma=1,epilogue=2"),
     (BOTTLENECK, "m_tile=128,warps_m=4,k_tile=64,n1_tile=64,n2_tile=64,pipeline=1,mma=1,epilogue=2"),
 ], ids=lambda v: v if isinstance(v, str) else v.to_string())
-def test_shared_bytes_bounds_the_planned_pool(spec, config):
+def test_shared_bytes_bounds_the_planned_pool(spec, config, monkeypatch):
     """cuda_wmma.shared_bytes (cuda_grouped_pair's for a grouped pair) decides fusing vs two kernels and which
     tuning draws fit the GPU: it must never be below the pool PoolSharedMemory plans (epilogue=2 with a residual:
-    its residual tile too)."""
+    its residual tile too). (sm_90's cluster kernel, which takes the batch-1 depthwise pair, off.)"""
+    monkeypatch.setenv("TVM_B2B_DW_CLUSTER", "0")
     cfg = WmmaConfig.parse(config)
     target = parse_target("cuda:sm_90")
     planned, launched = [], []

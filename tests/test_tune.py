@@ -66,10 +66,12 @@ def test_single_conv_space_draws_search_its_knobs_only():
     assert len(sampled) == len(cuda_wmma.KNOBS) - 1  # frags_n2 is recorded as a constant, not sampled
 
 
-def test_depthwise_pair_space_draws_build(tmp_path):
+def test_depthwise_pair_space_draws_build(tmp_path, monkeypatch):
     """The grouped pair's rule (a depthwise 3x3 on CUDA cores feeding the 1x1 on tensor cores) is tuned
     through the same space: its draws differ (pixel tile and warps too: its 3x3's threads), tile the
-    spec, and each builds as the tuner builds it, one kernel (nvcc-compiled for sm_90 where nvcc is)."""
+    spec, and each builds as the tuner builds it, one kernel (nvcc-compiled for sm_90 where nvcc is). (sm_90's cluster
+    kernel, which takes this pair by default and has no parameters, off.)"""
+    monkeypatch.setenv("TVM_B2B_DW_CLUSTER", "0")
     spec = FusedConvSpec.parse("n=1,h=28,w=28,c=144,k1=144,k2=24,groups=144,act1=relu6,act2=none,residual=1,dtype=float16")
     target = parse_target("cuda:sm_90")
     draws = _draws(spec, target, 4)

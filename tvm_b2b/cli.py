@@ -159,7 +159,7 @@ def _specs_to_tune(args, target) -> list:
         if kind_of(spec) != PAIR and len(planned.kernels) > 1:
             return "by default it splits its reduction over two kernels (split-K), which tuning does not search yet"
         if not planned.schedules:
-            return "its kernel is written, not scheduled (sm_90's TMA + wgmma): there is nothing to search"
+            return "its kernel is written, not scheduled (sm_90's TIRx kernels: TMA + wgmma, the cluster pair): nothing to search"
         return None
 
     if not args.model:

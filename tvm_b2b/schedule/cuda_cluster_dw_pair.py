@@ -25,14 +25,15 @@ each one instruction or one 8-channel vector's arithmetic. Parameters given (bm,
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..lower import TIRX_ATTR
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
+from .cuda_hopper_pair import WrittenPairRule
 
-ENABLE_ENV = "TVM_B2B_DW_CLUSTER"  # "1": on where measured faster, "all": wherever it computes, else off (default)
+ENABLE_ENV = "TVM_B2B_DW_CLUSTER"  # "1": on where measured faster (the default), "all": wherever it computes, else off
+MAX_PIXELS, SLOWER_K1 = 56 * 56, 960  # where it measured faster: input pixels (n * h * w) up to these, k1 below
 THREADS, WARPS = 128, 4
 MAX_CLUSTER = 8  # the portable cluster size (16 needs a non-portable opt-in)
 MMA_K, MMA_N = 16, 8
@@ -363,55 +364,53 @@ def pair_func(spec: FusedConvSpec, cfg: ClusterConfig, name: str = "fused_dw3x3_
     return func.with_attr("global_symbol", name).with_attr(TIRX_ATTR, True).with_attr("op_pattern", 8)
 
 
-class ClusterDepthwisePairRule:
-    """sm_90 depthwise pairs fused on a thread-block cluster; `switch` as the Hopper rules' ("1": where measured faster,
-    "all": wherever it computes the spec, else off); optional: rule_for falls back past it to the template's rule."""
+class ClusterDepthwisePairRule(WrittenPairRule):
+    """sm_90 depthwise pairs fused on a thread-block cluster; the Hopper rules' switch ("1": where measured faster, the
+    default; "all": wherever it computes the spec; else off) and fallback (optional: rule_for falls back past it to the
+    template's rule, and its reasons)."""
 
     name = "cluster depthwise pair (sm_90)"
-    knobs: dict = {}
-    optional = True
-    switch, default = ENABLE_ENV, "0"
+    kernel, needs = "cluster", "thread-block clusters and distributed shared memory"
+    switch, default = ENABLE_ENV, "1"
+
+    def problem(self, spec: FusedConvSpec) -> str | None:
+        return spec_problem(spec)
 
     def slower(self, spec: FusedConvSpec) -> str | None:
-        """Where the kernel measured slower than the template's plan (fused or two kernels), or None."""
+        """Where the kernel measured slower than the template's plan (its fused kernel or the two single convs), or None.
+        H100 (bench/results/fused_dwcluster_n1_h100_s21.txt, _n32_): at batch 1 it wins from 56x56 down (14x14 384->64 +r
+        6.8 us against 10.2; 56x56/2 144->32 6.3 against 11.3) except on k1 = 960 (7x7 960->160 +r 10.3 against 9.8), and
+        loses on more pixels (112x112 32->16 6.6 against the template's fused 4.8; batch 32 28x28 192->32 +r 36.5
+        against 15.9): there each block's slice of the reduction is too short for its fixed costs (w2's slice, the
+        cluster's reduction)."""
+        pixels = spec.n * spec.h * spec.w
+        if pixels > MAX_PIXELS:
+            return f"{pixels} input pixels, more than {MAX_PIXELS}: the cluster kernel measured slower there (H100)"
+        if spec.k1 >= SLOWER_K1:
+            return f"k1={spec.k1} >= {SLOWER_K1}: the cluster kernel measured slower there (H100, 7x7 960->160)"
         return None
 
-    def measured_slower(self, spec, info) -> str | None:
-        on = os.environ.get(self.switch, self.default) == "1" and info.arch == 90
-        return self.slower(spec) if on and not spec_problem(spec) else None
-
-    def can_implement(self, spec, info) -> str | None:
-        mode = os.environ.get(self.switch, self.default)
-        if mode not in ("1", "all"):
-            return f"the cluster kernel is off ({self.switch}={mode})"
-        if info.arch != 90:
-            return f"sm_{info.arch}: thread-block clusters and distributed shared memory need sm_90"
-        return spec_problem(spec) or (self.slower(spec) if mode == "1" else None)
-
     def parse_config(self, config):
-        return ClusterConfig.parse(config) if isinstance(config, str) else config
+        if config is None or isinstance(config, ClusterConfig):
+            return config
+        if isinstance(config, str):
+            return ClusterConfig.parse(config)
+        raise ValueError(f"config: a {type(config).__name__} is another kernel's; this pair runs on the cluster kernel "
+                         f"(bm, cs), {ENABLE_ENV}=0 for the template's")
 
     def default_config(self, spec: FusedConvSpec, info) -> ClusterConfig:
         return default_config(spec, info.arch)
 
-    def workload(self, spec: FusedConvSpec):
-        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
-        import tvm
-
-        return tvm.IRModule({"main": pair_func(spec, default_config(spec))})
-
-    def plan(self, spec: FusedConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
-        """One kernel; the two-kernel form, where asked (fused=False), is cuda_grouped_pair's."""
-        from . import Plan
+    def template(self):
         from .cuda_grouped_pair import RULE as TEMPLATE
 
-        if not fused:
-            return TEMPLATE.plan(spec, info, None, False, policy, unfused)
-        cfg = config or default_config(spec, info.arch)
-        problem = config_problem(spec, cfg, info.arch)
-        if problem:
-            raise ValueError(f"config: {problem}")
-        return Plan([pair_func(spec, cfg)], True, cfg, kernel="tensorcore")
+        return TEMPLATE
+
+    def func(self, spec: FusedConvSpec, cfg: ClusterConfig):
+        return pair_func(spec, cfg)
+
+    def config_problem(self, spec: FusedConvSpec, cfg: ClusterConfig, arch: int) -> str | None:
+        return config_problem(spec, cfg, arch)
 
 
 RULE = ClusterDepthwisePairRule()

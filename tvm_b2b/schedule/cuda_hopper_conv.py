@@ -471,6 +471,7 @@ class HopperRule:
     and its reasons); parameters given, not searched."""
 
     name = "Hopper TMA + wgmma"
+    kernel, needs = "Hopper", "wgmma and TMA"  # what reasons call the kernel, and the sm_90 features it needs
     knobs: dict = {}
     optional = True
     switch, default = ENABLE_ENV, "1"
@@ -491,9 +492,9 @@ class HopperRule:
     def can_implement(self, spec, info) -> str | None:
         mode = os.environ.get(self.switch, self.default)
         if mode not in ("1", "all"):
-            return f"the Hopper kernel is off ({self.switch}={mode})"
+            return f"the {self.kernel} kernel is off ({self.switch}={mode})"
         if info.arch != 90:
-            return f"sm_{info.arch}: wgmma and TMA need sm_90"
+            return f"sm_{info.arch}: {self.needs} need sm_90"
         return self.problem(spec) or (self.slower(spec) if mode == "1" else None)
 
     def parse_config(self, config):

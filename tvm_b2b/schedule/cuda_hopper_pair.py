@@ -67,10 +67,47 @@ def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3
     return kernel_func(conv1, first, Second(spec.k2, cfg.bn, spec.act2, bool(spec.residual)), name)
 
 
-class HopperPairRule(HopperRule):
+class WrittenPairRule(HopperRule):
+    """A pair rule of sm_90 whose fused kernel is written in TIRx script (`func`, parameters given, not searched) and
+    whose two-kernel form, where asked for, is `template()`'s rule's."""
+
+    input_form = None  # how the kernel takes the op's arrays where not as given
+
+    def template(self):
+        raise NotImplementedError
+
+    def func(self, spec: FusedConvSpec, cfg):
+        raise NotImplementedError
+
+    def config_problem(self, spec: FusedConvSpec, cfg, arch: int) -> str | None:
+        raise NotImplementedError
+
+    def workload(self, spec: FusedConvSpec):
+        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
+        import tvm
+
+        from ..target import parse_target, target_info
+
+        return tvm.IRModule({"main": self.func(spec, self.default_config(spec, target_info(parse_target("cuda:sm_90"))))})
+
+    def plan(self, spec: FusedConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
+        """One kernel; the two-kernel form, where asked (fused=False), is the template's."""
+        from . import Plan
+
+        if not fused:
+            return self.template().plan(spec, info, None, False, policy, unfused)
+        cfg = config or self.default_config(spec, info)
+        problem = self.config_problem(spec, cfg, info.arch)
+        if problem:
+            raise ValueError(f"config: {problem}")
+        return Plan([self.func(spec, cfg)], True, cfg, input_form=self.input_form)
+
+
+class HopperPairRule(WrittenPairRule):
     """sm_90 fused pairs on TMA + wgmma; runs every pair it takes fused."""
 
     switch, default = PAIR_ENV, "0"
+    input_form = PairForm()
 
     def problem(self, spec: FusedConvSpec) -> str | None:
         return pair_problem(spec)
@@ -82,23 +119,18 @@ class HopperPairRule(HopperRule):
     def default_config(self, spec: FusedConvSpec, info) -> HopperConfig:
         return default_config(spec, info.arch)
 
-    def workload(self, spec: FusedConvSpec):
-        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
-        import tvm
-
-        return tvm.IRModule({"main": pair_func(spec, default_config(spec))})
-
-    def plan(self, spec: FusedConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
-        """One kernel; the two-kernel form, where asked (fused=False), is cuda_wmma's."""
-        from . import Plan
+    def template(self):
         from .cuda_wmma import RULE as TEMPLATE
 
-        if not fused:
-            return TEMPLATE.plan(spec, info, None, False, policy, unfused)
-        cfg = config or default_config(spec, info.arch)
-        if shared_bytes(spec, cfg) > max_shared_bytes(info.arch):
-            raise ValueError(f"config: {cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory")
-        return Plan([pair_func(spec, cfg)], True, cfg, input_form=PairForm())
+        return TEMPLATE
+
+    def func(self, spec: FusedConvSpec, cfg: HopperConfig):
+        return pair_func(spec, cfg)
+
+    def config_problem(self, spec: FusedConvSpec, cfg: HopperConfig, arch: int) -> str | None:
+        if shared_bytes(spec, cfg) > max_shared_bytes(arch):
+            return f"{cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory"
+        return None
 
 
 RULE = HopperPairRule()
