@@ -52,6 +52,12 @@ if ls .devcarry/wheels/*.whl >/dev/null 2>&1; then  # carried pure-Python wheels
 fi
 out="${OUT:-bench/results/session}"; mkdir -p "$out" .tune
 N32="n=32,h=56,w=56,c=64,k1=64,k2=128"
+dw_bench() {  # N NAME: bench_fused on MobileNetV2's depthwise pairs at batch N with the configs in cfgs, into $out/NAME.{json,txt}
+  local cases
+  cases=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_fused import grouped_cases
+print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.groups == s.c and s.n == $1))")
+  timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/$2.json" 2>&1 | tee "$out/$2.txt" | grep -v "^\s*$"
+}
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
 case "$1" in
   tune)
@@ -179,10 +185,7 @@ case "$1" in
       [ "${TESTS:-1}" = 1 ] && timeout "${TEST_LIMIT:-100}" python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider \
         tests/test_grouped.py -k "cuda and pair" 2>&1 | tee "$out/gpu_tests_dwpairs_staged$mode.log" | tail -4
       for n in ${NS:-1}; do
-        cases=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_fused import grouped_cases
-print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.groups == s.c and s.n == $n))")
-        timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/fused_dw_n${n}_staged$mode.json" 2>&1 \
-          | tee "$out/fused_dw_n${n}_staged$mode.txt" | grep -v "^\s*$"
+        dw_bench "$n" "fused_dw_n${n}_staged$mode"
       done
     done
     ;;
@@ -193,10 +196,7 @@ print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.grou
     [ "${TESTS:-1}" = 1 ] && timeout "${TEST_LIMIT:-150}" python3 -m pytest -m gpu -q -rf --tb=short -p no:cacheprovider \
       tests/test_cuda_cluster_dw_pair.py 2>&1 | tee "$out/gpu_tests_dwcluster.log" | tail -4
     for n in ${NS:-1}; do
-      cases=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from bench_fused import grouped_cases
-print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.groups == s.c and s.n == $n))")
-      timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/fused_dwcluster_n${n}.json" 2>&1 \
-        | tee "$out/fused_dwcluster_n${n}.txt" | grep -v "^\s*$"
+      dw_bench "$n" "fused_dwcluster_n${n}"
     done
     ;;
   groupede2e)
