@@ -31,7 +31,8 @@ CASES = [("n=1,h=14,w=14,c=384,k1=384,k2=64,residual=1", "bm=16,cs=8"),
          ("n=3,h=9,w=11,c=48,k1=48,k2=24,stride=2", "bm=32,cs=3"),
          ("n=4,h=28,w=28,c=192,k1=192,k2=64,stride=2", "bm=64,cs=6"),
          ("n=1,h=5,w=6,c=32,k1=32,k2=16,act1=relu,act2=relu,residual=1", "bm=16,cs=1"),
-         ("n=2,h=14,w=14,c=576,k1=576,k2=96,act2=relu6,residual=1", "bm=32,cs=6")]
+         ("n=2,h=14,w=14,c=576,k1=576,k2=96,act2=relu6,residual=1", "bm=32,cs=6"),
+         ("n=1,h=7,w=7,c=960,k1=960,k2=160,residual=1", "bm=16,cs=15")]  # a non-portable cluster (sm_90: up to 16)
 
 
 @pytest.fixture
@@ -91,6 +92,9 @@ def test_configs_it_cannot_run_say_why():
     assert "accumulators" in cluster.config_problem(spec, cluster.ClusterConfig(bm=64, cs=6))
     with pytest.raises(ValueError, match="bm is 16, 32 or 64"):
         cluster.ClusterConfig.parse("bm=48,cs=2")
+    with pytest.raises(ValueError, match="cs 1 to 16"):
+        cluster.ClusterConfig.parse("bm=16,cs=17")
+    assert cluster.config_problem(spec, cluster.ClusterConfig.parse("bm=16,cs=15")) is None  # non-portable: a config's only
     with pytest.raises(ValueError, match="m_tile is not a parameter"):
         cluster.RULE.parse_config("m_tile=32,cs=2")
 

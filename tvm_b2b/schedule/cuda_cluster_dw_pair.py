@@ -35,7 +35,8 @@ from .cuda_hopper_pair import WrittenPairRule
 ENABLE_ENV = "TVM_B2B_DW_CLUSTER"  # "1": on where measured faster (the default), "all": wherever it computes, else off
 MAX_PIXELS, SLOWER_K1 = 56 * 56, 960  # where it measured faster: input pixels (n * h * w) up to these, k1 below
 THREADS, WARPS = 128, 4
-MAX_CLUSTER = 8  # the portable cluster size (16 needs a non-portable opt-in)
+PORTABLE_CLUSTER, MAX_CLUSTER = 8, 16  # defaults stay portable; 9-16 (a config's) are sm_90's non-portable sizes,
+# which TVM's runtime opts the kernel into (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) at launch
 MMA_K, MMA_N = 16, 8
 MAX_GRID_Y = 65535  # the pixel tiles run along blockIdx.y
 MAX_ACC_REGS = 96  # fp32 accumulators a thread may hold (bm / 16 x its k2 tiles x 4)
@@ -247,9 +248,9 @@ def config_problem(spec: FusedConvSpec, cfg: ClusterConfig, arch: int = 90) -> s
 
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> ClusterConfig:
-    """The largest cluster (the most blocks, the shortest chain per block), and the largest pixel tile that still
+    """The largest portable cluster (the most blocks, the shortest chain per block), and the largest pixel tile that still
     gives two clusters per SM's worth of blocks (132 SMs), within the accumulators and shared memory."""
-    cs = cluster_sizes(spec)[-1]
+    cs = [cs for cs in cluster_sizes(spec) if cs <= PORTABLE_CLUSTER][-1]
     fits = [bm for bm in (64, 32, 16) if config_problem(spec, ClusterConfig(bm, cs), arch) is None] or [16]
     bm = next((bm for bm in fits if -(-spec.m // bm) * cs >= 2 * 132), fits[-1])
     return ClusterConfig(bm=bm, cs=cs)
