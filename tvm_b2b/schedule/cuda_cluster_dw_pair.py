@@ -17,11 +17,13 @@ Here a cluster of `cs` blocks owns `bm` output pixels; block `rank` of it:
 mid never leaves the block, the partial sums never leave the cluster: no global round trip, no recompute, cs
 times the blocks of one block per pixel tile.
 
-TVM 0.27 has cluster launches (TIRx's T.cta_id_in_cluster: the kernel's launch parameters carry clusterCtaIdx,
-the runtime launches with cuLaunchKernelEx's cluster dimension) and cluster barriers (T.cuda.cluster_sync), but no
-schedule primitive for distributed shared memory or mma.sync from TIRx script: the kernel is TIRx script (as
-cuda_hopper_conv's) and its leaf steps are small device functions (T.cuda.func_call with their CUDA source, below),
-each one instruction or one 8-channel vector's arithmetic. Parameters given (bm, cs), not searched.
+TVM 0.27's schedule primitives have no cluster or distributed shared memory, so the kernel is TIRx script (as
+cuda_hopper_conv's), which has cluster launches (T.cta_id_in_cluster: the kernel's launch parameters carry
+clusterCtaIdx, the runtime launches with cuLaunchKernelEx's cluster dimension) and cluster barriers
+(T.cuda.cluster_sync). Its leaf steps are small device functions (T.cuda.func_call with their CUDA source, below),
+each one instruction or one 8-channel vector's arithmetic, rather than TIRx's PTX table (T.ptx), whose operand
+conventions for these (mapa, ld.shared::cluster, ldmatrix, mma) the project has not used. Parameters given (bm, cs),
+not searched.
 """
 from __future__ import annotations
 
