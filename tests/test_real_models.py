@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 import tvm_b2b
-from cuda_source import kernels, nvcc_arches, nvcc_compile, skip_unless_sm90
+from cuda_source import compiles_for_sm90a, kernels, nvcc_arches, nvcc_compile, skip_unless_sm90
 from torchvision_models import export, onnxruntime_output, random_image, relative_error
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
@@ -34,6 +34,14 @@ def run_against_onnxruntime(path, lib, batch, size) -> float:
     want = onnxruntime_output(path, x)
     assert got["output"].shape == want.shape and got["output"].dtype == want.dtype
     return relative_error(got["output"], want)
+
+
+def build_for_sm90(path, tmp_path) -> tuple[list, str]:
+    """compile_model of the export for cuda:sm_90 in float16: (its candidates, the model's whole CUDA)."""
+    source_path = tmp_path / "model.cu"
+    candidates = compile_model(path, str(tmp_path / "m.so"), parse_target("cuda:sm_90"), dtype="float16",
+                               emit_source=str(source_path))
+    return candidates, source_path.read_text()
 
 
 # (model, batch, input size, pairs found, pairs fused on the CPU)
@@ -88,9 +96,7 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     """torchvision's ResNet-50 at batch 32 (the model that failed to compile on the H200): its whole
     CUDA compiles with nvcc."""
     path = exports("resnet50", 32, 224)
-    source_path = tmp_path / "resnet50.cu"
-    candidates = compile_model(path, str(tmp_path / "r.so"), parse_target("cuda:sm_90"), dtype="float16",
-                               emit_source=str(source_path))
+    candidates, source = build_for_sm90(path, tmp_path)
     pairs = pairs_of(candidates)
     assert len(pairs) == 16 and sum(p.fused for p in pairs) == 3  # k1 = 64: the fused kernel wins there
     convs = conv_kernels(conv_names(onnx.load(path)), candidates)
@@ -106,7 +112,7 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     assert "(not on Hopper TMA + wgmma: a strided 1x1 conv" in why["/layer2/layer2.0/downsample/downsample.0/Conv"]
     if "sm_90" not in nvcc_arches():
         pytest.skip("nvcc here cannot compile for sm_90")
-    nvcc_compile(source_path.read_text(), "sm_90", tmp_path)
+    nvcc_compile(source, "sm_90", tmp_path)
 
 
 def test_resnet50_batch32_builds_for_sm90_on_hopper_kernels(exports, tmp_path, monkeypatch):
@@ -116,17 +122,12 @@ def test_resnet50_batch32_builds_for_sm90_on_hopper_kernels(exports, tmp_path, m
     monkeypatch.setenv("TVM_B2B_HOPPER", "all")
     monkeypatch.setenv("TVM_B2B_HOPPER_PAIR", "all")
     path = exports("resnet50", 32, 224)
-    source_path = tmp_path / "resnet50.cu"
-    candidates = compile_model(path, str(tmp_path / "r.so"), parse_target("cuda:sm_90"), dtype="float16",
-                               emit_source=str(source_path))
+    candidates, source = build_for_sm90(path, tmp_path)
     assert sum(p.fused for p in pairs_of(candidates)) == 13
     convs = conv_kernels(conv_names(onnx.load(path)), candidates)
     assert [c["name"] for c in convs if c["kernel"] == "tensorcore" and "wgmma" not in c["reason"]] == ["/conv1/Conv"]
-    source = source_path.read_text()
     assert len([k for k, params in kernels(source).items() if "CUtensorMap" in params]) == 13 + 53 - 26 - 1
-    if "sm_90" not in nvcc_arches():
-        pytest.skip("nvcc here cannot compile for sm_90")
-    nvcc_compile(source, "sm_90a", tmp_path)
+    compiles_for_sm90a(source, tmp_path)
 
 
 @pytest.mark.gpu
@@ -152,22 +153,19 @@ def test_mobilenet_v2_builds_for_sm90_on_our_kernels(exports, tmp_path):
     other conv (stem, expand 1x1, last 1x1) and the classifier a single conv on tensor cores; the whole CUDA
     compiles with nvcc."""
     path = exports("mobilenet_v2", 1, 224)
-    source_path = tmp_path / "mobilenet_v2.cu"
-    candidates = compile_model(path, str(tmp_path / "m.so"), parse_target("cuda:sm_90"), dtype="float16",
-                               emit_source=str(source_path))
+    candidates, source = build_for_sm90(path, tmp_path)
     pairs = pairs_of(candidates)
     assert len(pairs) == 17 and [p.fused for p in pairs] == [True, False] + [True] * 12 + [False] * 3
     assert all("k1=" in p.reason and "single convs" in p.reason for p in pairs if not p.fused)
-    assert sum("fused_dw3x3_conv1x1_cluster" in str(k.attrs["global_symbol"]) for p in pairs if p.fused for k in p.plan.kernels) == 12
+    symbols = [str(k.attrs["global_symbol"]) for p in pairs if p.fused for k in p.plan.kernels]
+    assert sum("fused_dw3x3_conv1x1_cluster" in name for name in symbols) == 12
     convs = conv_kernels(conv_names(onnx.load(path)), candidates)
     kinds = [c["kernel"] for c in convs]
     assert (len(kinds), kinds.count("fused-pair"), kinds.count("cuda-core"), kinds.count("tensorcore")) == (52, 26, 4, 22)
     # the 3x3 stride-2 stem of 3 channels as a 2x2 conv of 12 (its 2x2 cells), the report says so
     assert "space-to-depth stride-1 conv: n=1,h=113,w=113,c=12,k=32,kh=2,kw=2,stride=1" in convs[0]["reason"], convs[0]
     assert not any("space-to-depth" in c["reason"] for c in convs[1:])
-    if "sm_90" not in nvcc_arches():
-        pytest.skip("nvcc here cannot compile for sm_90")
-    nvcc_compile(source_path.read_text(), "sm_90a", tmp_path)
+    compiles_for_sm90a(source, tmp_path)
 
 
 def test_mobilenet_v2_depthwise_pairs_on_the_cluster_kernel_build_for_sm90(exports, tmp_path, monkeypatch):
@@ -177,16 +175,12 @@ def test_mobilenet_v2_depthwise_pairs_on_the_cluster_kernel_build_for_sm90(expor
 
     monkeypatch.setenv(ENABLE_ENV, "all")
     path = exports("mobilenet_v2", 1, 224)
-    source_path = tmp_path / "mobilenet_v2.cu"
-    candidates = compile_model(path, str(tmp_path / "m.so"), parse_target("cuda:sm_90"), dtype="float16",
-                               emit_source=str(source_path))
+    candidates, source = build_for_sm90(path, tmp_path)
     pairs = pairs_of(candidates)
     assert len(pairs) == 17 and all(p.fused for p in pairs)
-    source = source_path.read_text()
-    assert source.count("mapa.shared::cluster.u32") == 1 and len(re.findall(r"fused_dw3x3_conv1x1_cluster\w*_kernel\(", source)) >= 17
-    if "sm_90" not in nvcc_arches():
-        pytest.skip("nvcc here cannot compile for sm_90")
-    nvcc_compile(source, "sm_90a", tmp_path)
+    assert source.count("mapa.shared::cluster.u32") == 1
+    assert len(re.findall(r"fused_dw3x3_conv1x1_cluster\w*_kernel\(", source)) >= 17
+    compiles_for_sm90a(source, tmp_path)
 
 
 @pytest.mark.gpu
