@@ -32,7 +32,12 @@ CASES = [("n=1,h=14,w=14,c=384,k1=384,k2=64,residual=1", "bm=16,cs=8"),
          ("n=4,h=28,w=28,c=192,k1=192,k2=64,stride=2", "bm=64,cs=6"),
          ("n=1,h=5,w=6,c=32,k1=32,k2=16,act1=relu,act2=relu,residual=1", "bm=16,cs=1"),
          ("n=2,h=14,w=14,c=576,k1=576,k2=96,act2=relu6,residual=1", "bm=32,cs=6"),
-         ("n=1,h=7,w=7,c=960,k1=960,k2=160,residual=1", "bm=16,cs=15")]  # a non-portable cluster (sm_90: up to 16)
+         ("n=1,h=7,w=7,c=960,k1=960,k2=160,residual=1", "bm=16,cs=15"),  # a non-portable cluster (sm_90: up to 16)
+         # the slice in steps (double-buffered mid and w2): 6 steps, 8 warps, no cluster; 5 steps of a cluster of 2;
+         # 3 steps (an odd count) with 3 n8 tiles over 8 warps
+         ("n=4,h=14,w=14,c=384,k1=384,k2=64,residual=1", "bm=64,cs=1,kc=64,warps=8"),
+         ("n=2,h=7,w=7,c=960,k1=960,k2=160,residual=1", "bm=32,cs=2,kc=96"),
+         ("n=3,h=9,w=11,c=48,k1=48,k2=24,stride=2", "bm=16,cs=1,kc=16,warps=8")]
 
 
 @pytest.fixture
@@ -97,6 +102,22 @@ def test_configs_it_cannot_run_say_why():
     assert cluster.config_problem(spec, cluster.ClusterConfig.parse("bm=16,cs=15")) is None  # non-portable: a config's only
     with pytest.raises(ValueError, match="m_tile is not a parameter"):
         cluster.RULE.parse_config("m_tile=32,cs=2")
+    assert "does not split into steps of 64" in cluster.config_problem(spec, cluster.ClusterConfig.parse("bm=16,cs=6,kc=64"))
+    for text in ("bm=16,cs=2,kc=24", "bm=16,cs=2,warps=2"):
+        with pytest.raises(ValueError, match="kc a multiple of 16 .* warps 4 or 8"):
+            cluster.ClusterConfig.parse(text)
+    assert cluster.ClusterConfig.parse("bm=16,cs=6,kc=32,warps=8").to_string() == "bm=16,cs=6,kc=32,warps=8"
+
+
+def test_steps_bound_shared_memory():
+    """The slice in steps of kc channels: shared memory follows the step (two of mid's and w2's), not the slice, so a
+    cluster of 2 on 7x7 k1=960 fits where the whole slice at once does not; 8 warps halve the accumulators."""
+    wide = depthwise("n=32,h=7,w=7,c=960,k1=960,k2=320")
+    whole, steps = cluster.ClusterConfig(bm=32, cs=2), cluster.ClusterConfig(bm=32, cs=2, kc=96)
+    assert "KiB of shared memory" in cluster.config_problem(wide, whole)
+    assert cluster.config_problem(wide, steps) is None and cluster.shared_bytes(wide, steps) == 2 * 2 * (32 * 104 + 96 * 328)
+    assert cluster.acc_regs(wide, 64, warps=8) == cluster.acc_regs(wide, 64) // 2 == 80
+    assert cluster.config_problem(wide, cluster.ClusterConfig(bm=64, cs=2, kc=96, warps=8)) is None
 
 
 def test_kernel_launches_as_a_cluster():
@@ -116,7 +137,7 @@ def test_kernel_launches_as_a_cluster():
     assert 'T.launch_thread("clusterCtaIdx.x", 8)' in launches and 'T.launch_thread("blockIdx.y", 13)' in launches
 
 
-@pytest.mark.parametrize("case,config", CASES[:3])
+@pytest.mark.parametrize("case,config", CASES[:3] + CASES[-2:])
 def test_kernel_has_the_cluster_instructions_and_compiles(cluster_on, tmp_path, case, config):
     """One kernel: w2's slice by cp.async, mid through ldmatrix into mma.sync, partial sums read across the cluster
     (mapa, ld.shared::cluster) between two cluster barriers; nvcc compiles it for sm_90a."""
@@ -156,11 +177,22 @@ def _random_pair(n, h, w, c, k2_tiles, stride, residual):
 @pytest.mark.gpu
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(spec=st.builds(_random_pair, st.integers(1, 3), st.integers(2, 17), st.integers(2, 17),
-                      st.sampled_from([16, 48, 96, 240]), st.integers(1, 12), st.sampled_from([1, 2]), st.booleans()))
-def test_random_shapes_match_numpy(cluster_on, spec):
-    """Random sizes (odd ones, stride 2, k2 in any number of n8 tiles, residual where the shapes allow) at the default
-    config."""
-    _assert_matches_numpy(spec, None)
+                      st.sampled_from([16, 48, 96, 240]), st.integers(1, 12), st.sampled_from([1, 2]), st.booleans()),
+       data=st.data())
+def test_random_shapes_match_numpy(cluster_on, spec, data):
+    """Random sizes (odd ones, stride 2, k2 in any number of n8 tiles, residual where the shapes allow) at a random
+    config: the default or any cluster, pixel tile, step and warps it takes."""
+    _assert_matches_numpy(spec, data.draw(st.one_of(st.none(), random_configs(spec))))
+
+
+def random_configs(spec):
+    def steps(cs):
+        ks = spec.k1 // cs
+        return [0] + [kc for kc in range(16, ks, 16) if ks % kc == 0]
+
+    configs = [cluster.ClusterConfig(bm, cs, kc, warps) for cs in cluster.cluster_sizes(spec) if cs <= 8 for kc in steps(cs)
+               for bm in (16, 32, 64) for warps in (4, 8)]
+    return st.sampled_from([cfg for cfg in configs if cluster.config_problem(spec, cfg) is None])
 
 
 def test_a_template_config_says_which_kernel_runs_the_pair():

@@ -36,7 +36,6 @@ from .cuda_hopper_pair import WrittenPairRule
 
 ENABLE_ENV = "TVM_B2B_DW_CLUSTER"  # "1": on where measured faster (the default), "all": wherever it computes, else off
 MAX_PIXELS, SLOWER_K1 = 56 * 56, 960  # where it measured faster: input pixels (n * h * w) up to these, k1 below
-THREADS, WARPS = 128, 4
 PORTABLE_CLUSTER, MAX_CLUSTER = 8, 16  # defaults stay portable; 9-16 (a config's) are sm_90's non-portable sizes,
 # which TVM's runtime opts the kernel into (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) at launch
 MMA_K, MMA_N = 16, 8
@@ -179,21 +178,29 @@ __forceinline__ __device__ void tvm_b2b_cluster_out8(half* y, const half* r, con
 class ClusterConfig:
     bm: int = 32  # output pixels a cluster owns (16, 32 or 64: whole m16 tiles)
     cs: int = 4  # blocks a cluster: each computes k1 / cs channels of mid
+    kc: int = 0  # channels of the slice a step (0: the whole slice at once); more steps double-buffer mid and w2 (the 3x3
+    # of step j + 1 and its w2 copy in flight while step j's mma runs), so shared memory no longer grows with the slice
+    warps: int = 4  # 4 or 8 a block; k2's n8 tiles are dealt out to them
 
     def to_string(self) -> str:
-        return f"bm={self.bm},cs={self.cs}"
+        extra = (f",kc={self.kc}" if self.kc else "") + (f",warps={self.warps}" if self.warps != 4 else "")
+        return f"bm={self.bm},cs={self.cs}{extra}"
 
     @classmethod
     def parse(cls, text: str) -> "ClusterConfig":
         values = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
-        unknown = set(values) - {"bm", "cs"}
+        unknown = set(values) - {"bm", "cs", "kc", "warps"}
         if unknown:
-            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of the cluster depthwise pair (bm, cs); "
-                             f"{ENABLE_ENV}=0 for the template's parameters")
+            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of the cluster depthwise pair (bm, cs, kc, "
+                             f"warps); {ENABLE_ENV}=0 for the template's parameters")
         cfg = cls(**{k: int(v) for k, v in values.items()})
-        if cfg.bm not in (16, 32, 64) or not 1 <= cfg.cs <= MAX_CLUSTER:
-            raise ValueError(f"config: {cfg.to_string()}: bm is 16, 32 or 64, cs 1 to {MAX_CLUSTER}")
+        if cfg.bm not in (16, 32, 64) or not 1 <= cfg.cs <= MAX_CLUSTER or cfg.kc % MMA_K or cfg.warps not in (4, 8):
+            raise ValueError(f"config: {cfg.to_string()}: bm is 16, 32 or 64, cs 1 to {MAX_CLUSTER}, kc a multiple of "
+                             f"{MMA_K} (0: the whole slice), warps 4 or 8")
         return cfg
+
+    def threads(self) -> int:
+        return self.warps * 32
 
 
 def cluster_sizes(spec: FusedConvSpec) -> list[int]:
@@ -201,25 +208,30 @@ def cluster_sizes(spec: FusedConvSpec) -> list[int]:
     return [cs for cs in range(1, MAX_CLUSTER + 1) if spec.k1 % cs == 0 and spec.k1 // cs % MMA_K == 0]
 
 
-def acc_regs(spec: FusedConvSpec, bm: int) -> int:
-    """fp32 accumulators per thread: bm / 16 m16 tiles x every 4th of k2's n8 tiles x 4."""
-    return bm // 16 * -(-spec.k2 // MMA_N // WARPS) * 4
+def acc_regs(spec: FusedConvSpec, bm: int, warps: int = 4) -> int:
+    """fp32 accumulators per thread: bm / 16 m16 tiles x every `warps`-th of k2's n8 tiles x 4."""
+    return bm // 16 * -(-spec.k2 // MMA_N // warps) * 4
 
 
 def shared_bytes(spec: FusedConvSpec, cfg: ClusterConfig) -> int:
-    """mid (bm x k1/cs), w2's slice (k1/cs x k2) and the partial sums (bm x k2, fp32)."""
     return 2 * layout(spec, cfg)["pool"]
 
 
+def chunk(spec: FusedConvSpec, cfg: ClusterConfig) -> int:
+    """Channels of the slice a step."""
+    return cfg.kc or spec.k1 // cfg.cs
+
+
 def layout(spec: FusedConvSpec, cfg: ClusterConfig) -> dict[str, int]:
-    """Offsets (halves) in the one dynamic shared allocation. Rows are padded by 8 halves: 16 bytes more than a
-    multiple of 32, so ldmatrix's 8 rows fall in distinct banks."""
-    ks = spec.k1 // cfg.cs
-    mid_row, w2_row = ks + 8, spec.k2 + 8
-    w2_at = cfg.bm * mid_row
-    partial_at = w2_at + ks * w2_row
-    return {"mid_row": mid_row, "w2_row": w2_row, "w2_at": w2_at, "partial_at": partial_at,
-            "pool": partial_at + cfg.bm * spec.k2 * 2}
+    """Offsets (halves) in the one dynamic shared allocation: mid's step (bm x kc) and w2's (kc x k2), twice where the
+    slice takes more than one step; after the last step the partial sums (bm x k2, fp32) over them. Rows are padded by 8
+    halves: 16 bytes more than a multiple of 32, so ldmatrix's 8 rows fall in distinct banks."""
+    kc = chunk(spec, cfg)
+    buffers = 1 if kc == spec.k1 // cfg.cs else 2
+    mid_row, w2_row = kc + 8, spec.k2 + 8
+    mid_size, w2_size = cfg.bm * mid_row, kc * w2_row
+    return {"mid_row": mid_row, "w2_row": w2_row, "mid_size": mid_size, "w2_at": buffers * mid_size, "w2_size": w2_size,
+            "pool": max(buffers * (mid_size + w2_size), cfg.bm * spec.k2 * 2)}
 
 
 def spec_problem(spec: FusedConvSpec) -> str | None:
@@ -240,8 +252,11 @@ def spec_problem(spec: FusedConvSpec) -> str | None:
 def config_problem(spec: FusedConvSpec, cfg: ClusterConfig, arch: int = 90) -> str | None:
     if cfg.cs not in cluster_sizes(spec):
         return f"cs={cfg.cs}: k1={spec.k1} does not split into {cfg.cs} slices of whole 16-channel steps"
-    if acc_regs(spec, cfg.bm) > MAX_ACC_REGS:
-        return f"bm={cfg.bm}: {acc_regs(spec, cfg.bm)} accumulators a thread for k2={spec.k2}, more than {MAX_ACC_REGS}"
+    if cfg.kc and (spec.k1 // cfg.cs) % cfg.kc:
+        return f"kc={cfg.kc}: the slice of {spec.k1 // cfg.cs} channels does not split into steps of {cfg.kc}"
+    regs = acc_regs(spec, cfg.bm, cfg.warps)
+    if regs > MAX_ACC_REGS:
+        return f"bm={cfg.bm}: {regs} accumulators a thread for k2={spec.k2}, more than {MAX_ACC_REGS}"
     if shared_bytes(spec, cfg) > max_shared_bytes(arch):
         return f"{cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory"
     if -(-spec.m // cfg.bm) > MAX_GRID_Y:
@@ -267,16 +282,26 @@ def pair_func(spec: FusedConvSpec, cfg: ClusterConfig, name: str = "fused_dw3x3_
     problem = spec_problem(spec) or config_problem(spec, cfg)
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
-    m, c, k1, k2, bm, cs = spec.m, spec.c, spec.k1, spec.k2, cfg.bm, cfg.cs
+    m, c, k1, k2, bm, cs, threads, warps = spec.m, spec.c, spec.k1, spec.k2, cfg.bm, cfg.cs, cfg.threads(), cfg.warps
     at = layout(spec, cfg)
-    mid_row, w2_row, w2_at, partial_at = at["mid_row"], at["w2_row"], at["w2_at"], at["partial_at"]
-    ks, tiles, m_tiles = k1 // cs, -(-m // bm), bm // 16
-    mid_vectors, out_vectors, n_tiles = ks // 8, k2 // 8, k2 // MMA_N
-    warp_tiles = -(-n_tiles // WARPS)  # a warp's n8 tiles of k2: warp, warp + 4, ...
+    mid_row, w2_row, mid_size, w2_at, w2_size = at["mid_row"], at["w2_row"], at["mid_size"], at["w2_at"], at["w2_size"]
+    ks, kc, tiles, m_tiles = k1 // cs, chunk(spec, cfg), -(-m // bm), bm // 16
+    steps, mid_vectors, out_vectors, n_tiles = ks // kc, kc // 8, k2 // 8, k2 // MMA_N
+    warp_tiles = -(-n_tiles // warps)  # a warp's n8 tiles of k2: warp, warp + warps, ...
     stride, act1, act2, residual = spec.stride, ACT_CODES[spec.act1], ACT_CODES[spec.act2], bool(spec.residual)
 
     def pixel(p):
         return p // (spec.ho * spec.wo), p // spec.wo % spec.ho, p % spec.wo
+
+    @T.macro(hygienic=False)
+    def copy_w2_step(pool, w2, tx, rank, step):
+        """w2's rows of the slice's step (rows rank * ks + step * kc ...) into its buffer, 16-byte cp.async"""
+        for i in T.unroll(-(-kc * out_vectors // threads)):
+            u = T.meta_var(tx + i * threads)
+            if u < kc * out_vectors:
+                row, col = T.meta_var((u // out_vectors, u % out_vectors * 8))
+                T.cuda.func_call("tvm_b2b_cp_async16", T.address_of(pool[w2_at + step % 2 * w2_size + row * w2_row + col]),
+                                 T.address_of(w2[rank * ks + step * kc + row, col]), source_code=COPY_SOURCE)
 
     @T.prim_func
     def func(x_ptr: T.handle, w1_ptr: T.handle, s1_ptr: T.handle, b1_ptr: T.handle, w2_ptr: T.handle, s2_ptr: T.handle,
@@ -294,65 +319,66 @@ def pair_func(spec: FusedConvSpec, cfg: ClusterConfig, name: str = "fused_dw3x3_
         T.device_entry()
         _slice, tile = T.cta_id([cs, tiles])  # a cluster: the cs blocks of one pixel tile
         rank = T.cta_id_in_cluster([cs])
-        tx = T.thread_id([THREADS])
+        tx = T.thread_id([threads])
         pool = T.alloc_buffer((at["pool"],), "float16", scope="shared.dyn", align=128)
         a_frag = T.alloc_buffer((m_tiles * 4,), "uint32", scope="local")
         b_frag = T.alloc_buffer((2,), "uint32", scope="local")
         acc = T.alloc_buffer((m_tiles * warp_tiles * 4,), "float32", scope="local")
         warp = T.meta_var(tx // 32)
-        # 1. w2's slice (rows rank * ks ...), in flight while the 3x3 runs
-        for i in T.unroll(-(-ks * out_vectors // THREADS)):
-            u = T.meta_var(tx + i * THREADS)
-            if u < ks * out_vectors:
-                row, col = T.meta_var((u // out_vectors, u % out_vectors * 8))
-                T.cuda.func_call("tvm_b2b_cp_async16", T.address_of(pool[w2_at + row * w2_row + col]),
-                                 T.address_of(w2[rank * ks + row, col]), source_code=COPY_SOURCE)
-        # 2. the 3x3 of the slice's channels, 8 a thread at a time, into mid (zeros past the last pixel)
-        for i in T.unroll(-(-bm * mid_vectors // THREADS)):
-            u = T.meta_var(tx + i * THREADS)
-            if u < bm * mid_vectors:
-                p = T.meta_var(tile * bm + u // mid_vectors)
-                ch = T.meta_var(rank * ks + u % mid_vectors * 8)
-                img, oh, ow = T.meta_var(pixel(p))
-                if p < m:
-                    T.cuda.func_call("tvm_b2b_dw3x3x8", T.address_of(pool[u // mid_vectors * mid_row + u % mid_vectors * 8]),
-                                     T.address_of(x[img, 0, 0, ch]), T.address_of(w1[0, 0, 0, ch]), T.address_of(s1[ch]),
-                                     T.address_of(b1[ch]), oh * stride - 1, ow * stride - 1, spec.h, spec.w, c, act1,
-                                     source_code=DW_SOURCE)
-                else:
-                    T.cuda.func_call("tvm_b2b_zero8", T.address_of(pool[u // mid_vectors * mid_row + u % mid_vectors * 8]),
-                                     source_code=ZERO_SOURCE)
-        T.cuda.func_call("tvm_b2b_cp_async_wait_all", source_code=WAIT_SOURCE)
-        T.cuda.cta_sync()
-        # 3. mid @ w2's slice: warp w's n8 tiles w, w + 4, ... for every m16 tile, 16 channels of mid a step
         for i in T.unroll(m_tiles * warp_tiles * 4):
             acc[i] = T.float32(0)
-        for kk in T.unroll(ks // MMA_K):
-            for t in T.unroll(m_tiles):
-                T.cuda.func_call("tvm_b2b_ldmatrix_a", T.address_of(a_frag[t * 4]),
-                                 T.address_of(pool[t * 16 * mid_row + kk * MMA_K]), mid_row, source_code=LOAD_A_SOURCE)
-            for j in T.unroll(warp_tiles):
-                if j * WARPS + warp < n_tiles:
-                    T.cuda.func_call("tvm_b2b_ldmatrix_b", T.address_of(b_frag[0]),
-                                     T.address_of(pool[w2_at + kk * MMA_K * w2_row + (j * WARPS + warp) * MMA_N]), w2_row,
-                                     source_code=LOAD_B_SOURCE)
-                    for t in T.unroll(m_tiles):
-                        T.cuda.func_call("tvm_b2b_mma16816", T.address_of(acc[(t * warp_tiles + j) * 4]),
-                                         T.address_of(a_frag[t * 4]), T.address_of(b_frag[0]), source_code=MMA_SOURCE)
-        for j in T.unroll(warp_tiles):
-            if j * WARPS + warp < n_tiles:
+        copy_w2_step(pool, w2, tx, rank, 0)  # in flight while its 3x3 runs
+        for step in T.serial(steps):
+            mid_at = T.meta_var(step % 2 * mid_size)
+            # 1. the 3x3 of the step's channels, 8 a thread at a time, into mid (zeros past the last pixel)
+            for i in T.unroll(-(-bm * mid_vectors // threads)):
+                u = T.meta_var(tx + i * threads)
+                if u < bm * mid_vectors:
+                    p = T.meta_var(tile * bm + u // mid_vectors)
+                    ch = T.meta_var(rank * ks + step * kc + u % mid_vectors * 8)
+                    img, oh, ow = T.meta_var(pixel(p))
+                    out = T.meta_var(T.address_of(pool[mid_at + u // mid_vectors * mid_row + u % mid_vectors * 8]))
+                    if p < m:
+                        T.cuda.func_call("tvm_b2b_dw3x3x8", out, T.address_of(x[img, 0, 0, ch]), T.address_of(w1[0, 0, 0, ch]),
+                                         T.address_of(s1[ch]), T.address_of(b1[ch]), oh * stride - 1, ow * stride - 1, spec.h,
+                                         spec.w, c, act1, source_code=DW_SOURCE)
+                    else:
+                        T.cuda.func_call("tvm_b2b_zero8", out, source_code=ZERO_SOURCE)
+            T.cuda.func_call("tvm_b2b_cp_async_wait_all", source_code=WAIT_SOURCE)
+            T.cuda.cta_sync()  # the step's mid and w2 in; every warp is past step - 1's mma (its buffers free again)
+            # 2. the next step's w2 rows into the other buffer, in flight during this mma and the next 3x3
+            if step + 1 < steps:
+                copy_w2_step(pool, w2, tx, rank, step + 1)
+            # 3. mid @ w2's step: warp w's n8 tiles w, w + warps, ... for every m16 tile, 16 channels of mid at a time
+            w2_step = T.meta_var(w2_at + step % 2 * w2_size)
+            for kk in T.unroll(kc // MMA_K):
                 for t in T.unroll(m_tiles):
-                    tile_at = T.meta_var(partial_at + 2 * (t * 16 * k2 + (j * WARPS + warp) * MMA_N))  # fp32: 2 halves each
+                    T.cuda.func_call("tvm_b2b_ldmatrix_a", T.address_of(a_frag[t * 4]),
+                                     T.address_of(pool[mid_at + t * 16 * mid_row + kk * MMA_K]), mid_row,
+                                     source_code=LOAD_A_SOURCE)
+                for j in T.unroll(warp_tiles):
+                    if j * warps + warp < n_tiles:
+                        T.cuda.func_call("tvm_b2b_ldmatrix_b", T.address_of(b_frag[0]),
+                                         T.address_of(pool[w2_step + kk * MMA_K * w2_row + (j * warps + warp) * MMA_N]), w2_row,
+                                         source_code=LOAD_B_SOURCE)
+                        for t in T.unroll(m_tiles):
+                            T.cuda.func_call("tvm_b2b_mma16816", T.address_of(acc[(t * warp_tiles + j) * 4]),
+                                             T.address_of(a_frag[t * 4]), T.address_of(b_frag[0]), source_code=MMA_SOURCE)
+        T.cuda.cta_sync()  # the partial sums go over mid and w2: every warp past its last mma
+        for j in T.unroll(warp_tiles):
+            if j * warps + warp < n_tiles:
+                for t in T.unroll(m_tiles):
+                    tile_at = T.meta_var(2 * (t * 16 * k2 + (j * warps + warp) * MMA_N))  # fp32: 2 halves each
                     T.cuda.func_call("tvm_b2b_store_acc", T.address_of(pool[tile_at]), k2,
                                      T.address_of(acc[(t * warp_tiles + j) * 4]), source_code=STORE_ACC_SOURCE)
         T.cuda.cluster_sync()  # every block's partial sums written (release), visible to the cluster (acquire)
         # 4. each of the cluster's threads: 8 channels of one pixel summed over the cs blocks, the epilogue, the store
-        for i in T.unroll(-(-bm * out_vectors // (THREADS * cs))):
-            u = T.meta_var(rank * THREADS + tx + i * THREADS * cs)
+        for i in T.unroll(-(-bm * out_vectors // (threads * cs))):
+            u = T.meta_var(rank * threads + tx + i * threads * cs)
             if u < bm * out_vectors:
                 p = T.meta_var(tile * bm + u // out_vectors)
                 ch = T.meta_var(u % out_vectors * 8)
-                partial = T.meta_var(T.address_of(pool[partial_at + 2 * (u // out_vectors * k2 + ch)]))
+                partial = T.meta_var(T.address_of(pool[2 * (u // out_vectors * k2 + ch)]))
                 if p < m:
                     if residual:
                         T.cuda.func_call("tvm_b2b_cluster_out8", T.address_of(y[p, ch]), T.address_of(r[p, ch]), partial, cs,
