@@ -62,7 +62,7 @@ def test_rule_refuses_what_it_does_not_compute(cluster_on, case, why):
 
 
 def test_rule_takes_the_pairs_where_it_measured_faster(monkeypatch):
-    """On by default on sm_90 where it measured faster (batch 1 from 56x56 down), the pair then one kernel
+    """On by default on sm_90 where it measured faster (batch 1 from 56x56 down, k1 < 960), the pair then one kernel
     whatever the template's fusion policy says of it; elsewhere the template's rule and policy, with the reason; off with
     TVM_B2B_DW_CLUSTER=0, everywhere it computes with =all; clusters need sm_90; the two-kernel form is the template's."""
     small = depthwise("n=1,h=14,w=14,c=384,k1=384,k2=64,residual=1")
@@ -70,7 +70,7 @@ def test_rule_takes_the_pairs_where_it_measured_faster(monkeypatch):
     planned = plan(small, SM90, policy=True)
     assert planned.fused and len(planned.kernels) == 1 and planned.config == cluster.default_config(small)
     assert len(plan(small, SM90, fused=False).kernels) == 2
-    for text, why in [("n=32,h=14,w=14,c=384,k1=384,k2=64", "6272 input pixels"), ("n=1,h=112,w=112,c=96,k1=96,k2=24", "12544")]:
+    for text, why in [("n=32,h=14,w=14,c=384,k1=384,k2=64", "6272 input pixels"), ("n=1,h=7,w=7,c=960,k1=960,k2=160", "k1=960")]:
         assert why in cluster.RULE.can_implement(depthwise(text), target_info(SM90))
         assert rule_for(SM90, "conv3x3_conv1x1", depthwise(text)).name != cluster.RULE.name
     assert "need sm_90" in cluster.RULE.can_implement(small, target_info(SM80))
@@ -82,14 +82,12 @@ def test_rule_takes_the_pairs_where_it_measured_faster(monkeypatch):
 
 
 @pytest.mark.parametrize("case,config", [("n=1,h=14,w=14,c=384,k1=384,k2=64", cluster.ClusterConfig(bm=16, cs=8)),
-                                         ("n=1,h=7,w=7,c=960,k1=960,k2=320", cluster.ClusterConfig(bm=16, cs=15)),
-                                         ("n=1,h=56,w=56,c=144,k1=144,k2=32,stride=2", cluster.ClusterConfig(bm=16, cs=3)),
+                                         ("n=1,h=7,w=7,c=960,k1=960,k2=320", cluster.ClusterConfig(bm=16, cs=6)),
                                          ("n=32,h=28,w=28,c=192,k1=192,k2=64", cluster.ClusterConfig(bm=64, cs=6)),
                                          ("n=32,h=7,w=7,c=960,k1=960,k2=320", cluster.ClusterConfig(bm=32, cs=6))])
 def test_default_config(case, config):
-    """The largest portable cluster whose slices are whole mma steps; the largest pixel tile that still makes 2 x 132
-    blocks within the accumulators (k2 = 320: 80 a thread at bm = 32, 160 at 64); where that is fewer than 66 blocks
-    (batch 1 7x7: 4 tiles x 6), the largest cluster (15, non-portable) on 16-pixel tiles; 49 x 3 blocks stay."""
+    """The largest cluster whose slices are whole mma steps; the largest pixel tile that still makes 2 x 132 blocks
+    within the accumulators (k2 = 320: 80 a thread at bm = 32, 160 at 64)."""
     assert cluster.default_config(depthwise(case)) == config
 
 

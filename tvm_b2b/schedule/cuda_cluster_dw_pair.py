@@ -35,8 +35,7 @@ from ..target import max_shared_bytes
 from .cuda_hopper_pair import WrittenPairRule
 
 ENABLE_ENV = "TVM_B2B_DW_CLUSTER"  # "1": on where measured faster (the default), "all": wherever it computes, else off
-MAX_PIXELS = 56 * 56  # where it measured faster: input pixels (n * h * w) up to these
-SMS = 132  # an H100's or H200's
+MAX_PIXELS, SLOWER_K1 = 56 * 56, 960  # where it measured faster: input pixels (n * h * w) up to these, k1 below
 PORTABLE_CLUSTER, MAX_CLUSTER = 8, 16  # defaults stay portable; 9-16 (a config's) are sm_90's non-portable sizes,
 # which TVM's runtime opts the kernel into (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED) at launch
 MMA_K, MMA_N = 16, 8
@@ -267,17 +266,10 @@ def config_problem(spec: FusedConvSpec, cfg: ClusterConfig, arch: int = 90) -> s
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> ClusterConfig:
     """The largest portable cluster (the most blocks, the shortest chain per block), and the largest pixel tile that still
-    gives two clusters per SM's worth of blocks (132 SMs), within the accumulators and shared memory. Where that leaves
-    fewer blocks than half the SMs (7x7 k1=960 at batch 1: 4 tiles x 6), the largest cluster up to sm_90's non-portable
-    16 on 16-pixel tiles: H100, 7x7 960->160 +r cs=15 7.9 us against cs=6 9.1 and 9.5 for two kernels
-    (bench/results/fused_dwcluster_n1_cs15_h100_s22.txt)."""
-    sizes = cluster_sizes(spec)
-    cs = [cs for cs in sizes if cs <= PORTABLE_CLUSTER][-1]
+    gives two clusters per SM's worth of blocks (132 SMs), within the accumulators and shared memory."""
+    cs = [cs for cs in cluster_sizes(spec) if cs <= PORTABLE_CLUSTER][-1]
     fits = [bm for bm in (64, 32, 16) if config_problem(spec, ClusterConfig(bm, cs), arch) is None] or [16]
-    bm = next((bm for bm in fits if -(-spec.m // bm) * cs >= 2 * SMS), fits[-1])
-    wider = ClusterConfig(bm=16, cs=sizes[-1])
-    if -(-spec.m // bm) * cs < SMS // 2 and wider.cs > cs and config_problem(spec, wider, arch) is None:
-        return wider
+    bm = next((bm for bm in fits if -(-spec.m // bm) * cs >= 2 * 132), fits[-1])
     return ClusterConfig(bm=bm, cs=cs)
 
 
@@ -416,14 +408,15 @@ class ClusterDepthwisePairRule(WrittenPairRule):
     def slower(self, spec: FusedConvSpec) -> str | None:
         """Where the kernel measured slower than the template's plan (its fused kernel or the two single convs), or None.
         H100 (bench/results/fused_dwcluster_n1_h100_s21.txt, _n32_): at batch 1 it wins from 56x56 down (14x14 384->64 +r
-        6.8 us against 10.2; 56x56/2 144->32 6.3 against 11.3; 7x7 960->160 +r on 15 blocks a cluster 7.9 against 9.5,
-        _n1_cs15_h100_s22.txt), and loses on more pixels (112x112 32->16 6.6 against the template's fused 4.8; batch 32
-        28x28 192->32 +r 36.5 against 15.9, and no further than 1.05x ahead anywhere in steps on 8 warps,
-        _n32_steps_h100_s22.txt): there each block's slice of the reduction is too short for its fixed costs (w2's
-        slice, the cluster's reduction)."""
+        6.8 us against 10.2; 56x56/2 144->32 6.3 against 11.3) except on k1 = 960 (7x7 960->160 +r 10.3 against 9.8), and
+        loses on more pixels (112x112 32->16 6.6 against the template's fused 4.8; batch 32 28x28 192->32 +r 36.5
+        against 15.9): there each block's slice of the reduction is too short for its fixed costs (w2's slice, the
+        cluster's reduction)."""
         pixels = spec.n * spec.h * spec.w
         if pixels > MAX_PIXELS:
             return f"{pixels} input pixels, more than {MAX_PIXELS}: the cluster kernel measured slower there (H100)"
+        if spec.k1 >= SLOWER_K1:
+            return f"k1={spec.k1} >= {SLOWER_K1}: the cluster kernel measured slower there (H100, 7x7 960->160)"
         return None
 
     def parse_config(self, config):
