@@ -410,8 +410,10 @@ class ClusterDepthwisePairRule(WrittenPairRule):
         H100 (bench/results/fused_dwcluster_n1_h100_s21.txt, _n32_): at batch 1 it wins from 56x56 down (14x14 384->64 +r
         6.8 us against 10.2; 56x56/2 144->32 6.3 against 11.3) except on k1 = 960 (7x7 960->160 +r 10.3 against 9.8), and
         loses on more pixels (112x112 32->16 6.6 against the template's fused 4.8; batch 32 28x28 192->32 +r 36.5
-        against 15.9): there each block's slice of the reduction is too short for its fixed costs (w2's slice, the
-        cluster's reduction)."""
+        against 15.9; in steps on 8 warps no further than 1.05x ahead anywhere, _n32_steps_h100_s22.txt): there each
+        block's slice of the reduction is too short for its fixed costs (w2's slice, the cluster's reduction). k1 = 960
+        on clusters of 15 (a config: bm=16,cs=15) measured faster (7.9 us against 9.5, _n1_cs15_h100_s22.txt), not yet
+        run in a model."""
         pixels = spec.n * spec.h * spec.w
         if pixels > MAX_PIXELS:
             return f"{pixels} input pixels, more than {MAX_PIXELS}: the cluster kernel measured slower there (H100)"
