@@ -5,12 +5,15 @@ memory. FlashFuser's way of fusing a GEMM chain on the H100 (arXiv 2512.12949), 
 Why: cuda_grouped_pair's kernel gives each block all k1 channels of its pixels, a chain of steps (taps, 3x3, mma)
 per block, and few blocks on the 14x14 and 7x7 layers (N=1 14x14 384->64: 14 blocks, 21.7 us against 10.3 for two
 kernels, H100). A depthwise 3x3 has no reduction across channels, so its k1 channels split into independent slices.
-Here a cluster of `cs` blocks owns `bm` output pixels; block `rank` of it:
-  1. copies its slice of w2 (k1 / cs rows, all k2 channels) into shared memory (16-byte cp.async), while
-  2. its 128 threads compute the 3x3 for its k1 / cs channels of the pixels, 8 channels a thread at a time (the 9
-     taps' 16-byte loads issued together, fp32 sums), with s1/b1/act1, into `mid` (bm x k1 / cs, fp16, shared);
-  3. its 4 warps multiply mid by the slice on tensor cores (ldmatrix + mma.sync m16n8k16, fp32), each warp every
-     4th 8-channel tile of k2, into its partial sums (bm x k2, fp32, shared);
+Here a cluster of `cs` blocks owns `bm` output pixels; block `rank` of it takes k1 / cs channels of mid (its slice),
+`kc` at a time (a step; the whole slice by default), and for each step:
+  1. copies w2's rows of the step (kc rows, all k2 channels) into shared memory (16-byte cp.async), while
+  2. its threads compute the 3x3 for the step's channels of the pixels, 8 channels a thread at a time (the 9 taps'
+     16-byte loads issued together, fp32 sums), with s1/b1/act1, into `mid` (bm x kc, fp16, shared);
+  3. its `warps` warps multiply mid by w2's rows on tensor cores (ldmatrix + mma.sync m16n8k16), each warp every
+     warps-th 8-channel tile of k2, adding into its fp32 accumulators; with more than one step, mid and w2 are
+     double-buffered, and the next step's w2 copy and 3x3 run while this step's mma does;
+then it stores its accumulators, the slice's partial sums (bm x k2, fp32, shared, over the step buffers), and
   4. after a cluster barrier, the cluster's threads each sum 8 channels of one pixel over the cs blocks' partial
      sums (ld.shared::cluster of each block's tile, mapa), apply s2/b2/[residual]/act2 and store them; a second
      barrier keeps every block's shared memory alive until its peers have read it.
@@ -22,8 +25,8 @@ cuda_hopper_conv's), which has cluster launches (T.cta_id_in_cluster: the kernel
 clusterCtaIdx, the runtime launches with cuLaunchKernelEx's cluster dimension) and cluster barriers
 (T.cuda.cluster_sync). Its leaf steps are small device functions (T.cuda.func_call with their CUDA source, below),
 each one instruction or one 8-channel vector's arithmetic, rather than TIRx's PTX table (T.ptx), whose operand
-conventions for these (mapa, ld.shared::cluster, ldmatrix, mma) the project has not used. Parameters given (bm, cs),
-not searched.
+conventions for these (mapa, ld.shared::cluster, ldmatrix, mma) the project has not used. Parameters given (bm, cs,
+kc, warps), not searched.
 """
 from __future__ import annotations
 
@@ -217,9 +220,14 @@ def shared_bytes(spec: FusedConvSpec, cfg: ClusterConfig) -> int:
     return 2 * layout(spec, cfg)["pool"]
 
 
+def slice_channels(spec: FusedConvSpec, cfg: ClusterConfig) -> int:
+    """Channels of mid a block of the cluster computes."""
+    return spec.k1 // cfg.cs
+
+
 def chunk(spec: FusedConvSpec, cfg: ClusterConfig) -> int:
     """Channels of the slice a step."""
-    return cfg.kc or spec.k1 // cfg.cs
+    return cfg.kc or slice_channels(spec, cfg)
 
 
 def layout(spec: FusedConvSpec, cfg: ClusterConfig) -> dict[str, int]:
@@ -227,7 +235,7 @@ def layout(spec: FusedConvSpec, cfg: ClusterConfig) -> dict[str, int]:
     slice takes more than one step; after the last step the partial sums (bm x k2, fp32) over them. Rows are padded by 8
     halves: 16 bytes more than a multiple of 32, so ldmatrix's 8 rows fall in distinct banks."""
     kc = chunk(spec, cfg)
-    buffers = 1 if kc == spec.k1 // cfg.cs else 2
+    buffers = 1 if kc == slice_channels(spec, cfg) else 2
     mid_row, w2_row = kc + 8, spec.k2 + 8
     mid_size, w2_size = cfg.bm * mid_row, kc * w2_row
     return {"mid_row": mid_row, "w2_row": w2_row, "mid_size": mid_size, "w2_at": buffers * mid_size, "w2_size": w2_size,
@@ -252,8 +260,9 @@ def spec_problem(spec: FusedConvSpec) -> str | None:
 def config_problem(spec: FusedConvSpec, cfg: ClusterConfig, arch: int = 90) -> str | None:
     if cfg.cs not in cluster_sizes(spec):
         return f"cs={cfg.cs}: k1={spec.k1} does not split into {cfg.cs} slices of whole 16-channel steps"
-    if cfg.kc and (spec.k1 // cfg.cs) % cfg.kc:
-        return f"kc={cfg.kc}: the slice of {spec.k1 // cfg.cs} channels does not split into steps of {cfg.kc}"
+    ks = slice_channels(spec, cfg)
+    if cfg.kc and ks % cfg.kc:
+        return f"kc={cfg.kc}: the slice of {ks} channels does not split into steps of {cfg.kc}"
     regs = acc_regs(spec, cfg.bm, cfg.warps)
     if regs > MAX_ACC_REGS:
         return f"bm={cfg.bm}: {regs} accumulators a thread for k2={spec.k2}, more than {MAX_ACC_REGS}"
@@ -285,7 +294,7 @@ def pair_func(spec: FusedConvSpec, cfg: ClusterConfig, name: str = "fused_dw3x3_
     m, c, k1, k2, bm, cs, threads, warps = spec.m, spec.c, spec.k1, spec.k2, cfg.bm, cfg.cs, cfg.threads(), cfg.warps
     at = layout(spec, cfg)
     mid_row, w2_row, mid_size, w2_at, w2_size = at["mid_row"], at["w2_row"], at["mid_size"], at["w2_at"], at["w2_size"]
-    ks, kc, tiles, m_tiles = k1 // cs, chunk(spec, cfg), -(-m // bm), bm // 16
+    ks, kc, tiles, m_tiles = slice_channels(spec, cfg), chunk(spec, cfg), -(-m // bm), bm // 16
     steps, mid_vectors, out_vectors, n_tiles = ks // kc, kc // 8, k2 // 8, k2 // MMA_N
     warp_tiles = -(-n_tiles // warps)  # a warp's n8 tiles of k2: warp, warp + warps, ...
     stride, act1, act2, residual = spec.stride, ACT_CODES[spec.act1], ACT_CODES[spec.act2], bool(spec.residual)
