@@ -188,7 +188,8 @@ def test_random_shapes_match_numpy(cluster_on, spec, data):
 def random_configs(spec):
     """Every config the kernel takes for the spec (config_problem: steps that divide the slice, the accumulators, shared
     memory) with a portable cluster."""
-    configs = [cluster.ClusterConfig(bm, cs, kc, warps) for cs in cluster.cluster_sizes(spec) if cs <= 8
+    configs = [cluster.ClusterConfig(bm, cs, kc, warps) for cs in cluster.cluster_sizes(spec)
+               if cs <= cluster.PORTABLE_CLUSTER
                for kc in [0, *range(16, spec.k1 // cs, 16)] for bm in (16, 32, 64) for warps in (4, 8)]
     return st.sampled_from([cfg for cfg in configs if cluster.config_problem(spec, cfg) is None])
 
