@@ -24,9 +24,12 @@
 #                                            template, cuDNN (~2 min)
 #   bash bench/gpu_session.sh hopperconvs    ResNet-50's single convs (batch 32 and 1) on TMA + wgmma (TVM_B2B_HOPPER=all), then
 #                                            on the mma.sync template (=0)
+#   BASE=DIR bash bench/gpu_session.sh hopperab CFG...   the Hopper pair's dense cases on DIR's tvm_b2b (an earlier commit's),
+#                                            then on this tree's with each CFG: a change against its baseline in one call
 #   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
 #                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
+#   [MODES="1 0"] bash bench/gpu_session.sh pairse2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER_PAIR of each of MODES
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1 (the default), then 0, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
 #                                            of the mma.sync template (TVM_B2B_HOPPER=0 unless given)
@@ -141,6 +144,18 @@ case "$1" in
         --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
     done
     ;;
+  hopperab)  # the Hopper pair's dense cases (hopperpairs') with its default config on a baseline tree (BASE: a folder holding an
+              # earlier commit's tvm_b2b/ and bench/bench_fused.py, e.g. `git archive HEAD~1 tvm_b2b bench/bench_fused.py | tar -x -C
+              # .devcarry/base`, carried), then on this tree with the default and each CFG, and the two convs (singles)
+    cases="$(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done)
+      $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done)"
+    for tree in "${BASE:?a baseline tree}" .; do
+      tag=$([ "$tree" = . ] && echo new || echo base)
+      cfgs=(--config default); [ "$tree" = . ] && cfgs+=(--singles $(printf -- '--config %s ' "${@:2}"))  # singles: the two convs
+      TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-250}" python3 "$tree/bench/bench_fused.py" $cases "${cfgs[@]}" \
+        --json "$out/fused_hopperab_$tag.json" 2>&1 | tee "$out/fused_hopperab_$tag.txt" | grep -v "^\s*$" | cut -c1-170
+    done
+    ;;
   singles)  # the dense pairs fused on the mma.sync template against their two convs as a model runs them unfused (singles:
              # on sm_90 the 3x3 on TMA + wgmma where that rule takes it); ResNet-50's 56x56 pair at N=1, 8, 32, the N=32 sweep
     TVM_B2B_HOPPER_PAIR=0 timeout 290 python3 bench/bench_fused.py --singles --config default \
@@ -210,6 +225,13 @@ case "$1" in
     for mode in ${MODES:-all 0}; do
       TVM_B2B_DW_CLUSTER=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
         --out "$out/e2e_dwcluster_$mode" 2>&1 | grep -v "^\s*$" | tail -25
+    done
+    ;;
+  pairse2e)  # bench_e2e with TVM_B2B_HOPPER_PAIR of each of MODES (default "1 0": the dense pairs fused on TMA + wgmma where its
+              # policy takes them, then on the mma.sync template or as two convs, as before), on the shipped records
+    for mode in ${MODES:-1 0}; do
+      TVM_B2B_HOPPER_PAIR=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
+        --out "$out/e2e_hopperpair_$mode" 2>&1 | grep -v "^\s*$" | tail -25
     done
     ;;
   hoppere2e)

@@ -19,7 +19,9 @@ SM90 = parse_target("cuda:sm_90")
 # stride 1 (9 taps read as boxes at their offsets, the padding read outside x), c not a multiple of 64, a block of
 # rows that overhangs the image (14 rows in blocks of 9), a 1x1 and a 3x3 of stride 2 (TMA's box traverses every
 # other pixel; odd sizes), one output row per block
-# (the first and last rows' outer taps read boxes wholly outside x), a 7x7 conv
+# (the first and last rows' outer taps read boxes wholly outside x), a 7x7 conv; the halo form (one box of x a channel
+# step for all taps): 2 channel steps and a residual, 4 channel steps (its two buffers wrap; c not a multiple of 64),
+# a 7x7 conv (49 taps of one box), rows of 62 columns in 64-pixel tiles
 CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=1,h=21,w=21,c=256,k=256,residual=1,act=relu6", "bm=128,bn=128,stages=3"),
          ("n=3,h=5,w=6,c=320,k=512,act=none", "bm=64,bn=256,stages=3"), ("n=2,h=14,w=14,c=72,k=64", "bm=128,bn=64,stages=2"),
@@ -28,7 +30,11 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=2,h=15,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),
          ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=128,stages=3"),
          ("n=1,h=40,w=40,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=4"),
-         ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4")]
+         ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4"),
+         ("n=2,h=14,w=14,c=128,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=128,stages=4,halo=1"),
+         ("n=1,h=10,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3,halo=1"),
+         ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4,halo=1"),
+         ("n=1,h=9,w=60,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2,halo=1")]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -122,7 +128,39 @@ def test_tiling_takes_whole_rows_spread_evenly(case, bm, rows, blocks):
     assert (tiling.rows if not hopper.flat(tiling.spec) else 1, tiling.blocks) == (rows, blocks)
 
 
-@pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7])
+def test_halo_tiling_reads_one_box_for_every_tap():
+    """The halo form at 56x56 in 128-pixel tiles: 2 output rows a block (GEMM rows of 58 columns: 116 of 128), one
+    box of 58 x 4 pixels; tap (rh, rw) starts rh * 58 + rw rows in, the last at 118 (a buffer of 118 + 128 rows, 248
+    as a multiple of 8); GEMM row 58 is output pixel 56 (row 1, column 0), rows 56, 57, 114, 115 and 116 on none."""
+    spec = spec_of("n=2,h=56,w=56,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1")
+    tiling = hopper.Tiling(spec, 128, True)
+    assert (tiling.rows, tiling.width, tiling.blocks, tiling.pixels) == (2, 58, 56, 112)
+    assert tiling.x_map()[7:] == [64, 58, 4, 1] and tiling.tap(3, 0) == (-1, 5, 0)
+    assert [tiling.shift(t) for t in (0, 1, 3, 8)] == [0, 1, 58, 118] and tiling.halo_rows == 248
+    assert [bool(tiling.tile_row(m)[1]) for m in (0, 55, 56, 57, 58, 113, 114, 115, 116)] == [True] * 2 + [False] * 2 + [
+        True] * 2 + [False] * 3
+    assert int(tiling.tile_row(58)[0]) == 56 and int(tiling.tile_row(113)[0]) == 111
+
+
+@pytest.mark.parametrize("case,bm,why", [("n=1,h=8,w=8,c=64,k=64,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 64, "stride 2"),
+                                         ("n=1,h=8,w=8,c=64,k=64", 64, "1x1"),
+                                         ("n=1,h=8,w=63,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, "65 input columns")])
+def test_halo_form_refuses_what_its_taps_cannot_shift(case, bm, why):
+    spec = spec_of(case)
+    assert why in hopper.halo_problem(spec, bm)
+    with pytest.raises(ValueError, match="halo=1"):
+        hopper.conv_func(spec, hopper.HopperConfig(bm=bm, bn=64, stages=2, halo=1))
+
+
+def test_halo_form_shared_memory():
+    """Two halo buffers (two channel steps) beside the ring of w's tiles and the output tile."""
+    spec = spec_of("n=2,h=56,w=56,c=128,k=64,kh=3,kw=3,pad_h=1,pad_w=1")
+    cfg = hopper.HopperConfig(bm=128, bn=64, stages=4, halo=1)
+    assert hopper.x_buffers(spec, cfg) == (2, 248)
+    assert hopper.shared_bytes(spec, cfg) == (2 * 248 * 64 + 4 * 64 * 64 + 128 * 64) * 2
+
+
+@pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7] + CASES[10:11])
 def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
     """One kernel of 128 * (bm / 64 + 1) threads taking three tensor maps (four with a residual, which TMA reads
     into the output tile); its CUDA issues TMA loads (x's 4-d boxes, w's 2-d ones) and a TMA store, waits on
@@ -213,7 +251,8 @@ def test_tune_refuses_a_written_kernel(hopper_on):
         _specs_to_tune(argparse.Namespace(model=None, spec=["n=32,h=14,w=14,c=1024,k=256"], only=None), SM90)
 
 
-@pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair")])
+@pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
+                                         (12, None), (13, None), (4, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
@@ -225,9 +264,10 @@ def test_index_math_emulated(case, config):
     import hopper_emulation as emu
 
     if config == "pair":
-        text, bm, stages, k2, bn2, res = emu.PAIRS[case]
+        text, bm, stages, k2, bn2, res, *halo = emu.PAIRS[case]
         spec = spec_of(text)
-        y, want = emu.emulate(spec, hopper.HopperConfig(bm=bm, bn=spec.k, stages=stages), hopper.Second(k2, bn2, "relu", res))
+        y, want = emu.emulate(spec, hopper.HopperConfig(bm=bm, bn=spec.k, stages=stages, halo=sum(halo)),
+                              hopper.Second(k2, bn2, "relu", res))
     else:
         text, cfg = emu.CONVS[case]
         y, want = emu.emulate(spec_of(text), hopper.HopperConfig.parse(cfg))

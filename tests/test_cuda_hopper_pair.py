@@ -17,12 +17,18 @@ from tvm_b2b.target import parse_target, target_info
 SM90 = parse_target("cuda:sm_90")
 # whole output rows per block (14: 4 + 4 + 4 + 2 rows of 14 in 64-pixel tiles; 20 in 128-pixel tiles of 5 rows), a
 # residual, k2 in several chunks, k1 = 256 (one wgmma n; two buffers), c not a multiple of 64, relu6 / no activation,
-# a stride-2 3x3 (ResNet's first block of a stage)
+# a stride-2 3x3 (ResNet's first block of a stage); 4 chunks alternating between the output tile and x's buffers
+# (without a residual), and between two tiles of their own (one buffer: no wgmma left in flight); the halo form (one
+# box of x a channel step for all taps: Tiling): with a residual, and 3 channel steps (its two buffers wrap)
 CASES = [("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", None),
          ("n=1,h=20,w=20,c=40,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=64,stages=3"),
          ("n=1,h=7,w=7,c=256,k1=256,k2=512,residual=1", None),
          ("n=3,h=9,w=11,c=64,k1=64,k2=64", "bm=128,bn=64,stages=4"),
-         ("n=2,h=15,w=14,c=64,k1=128,k2=256,stride=2,residual=1", None)]
+         ("n=2,h=15,w=14,c=64,k1=128,k2=256,stride=2,residual=1", None),
+         ("n=1,h=10,w=10,c=128,k1=64,k2=256", "bm=128,bn=64,stages=2"),
+         ("n=2,h=12,w=12,c=64,k1=64,k2=512,residual=1", "bm=64,bn=128,stages=1"),
+         ("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", "bm=128,bn=64,stages=3,halo=1"),
+         ("n=1,h=20,w=20,c=136,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=128,stages=2,halo=1")]
 
 
 def spec_of(text: str) -> FusedConvSpec:
@@ -83,6 +89,15 @@ def test_default_config_fits_shared_memory():
     assert pair.default_config(spec_of("n=32,h=56,w=56,c=64,k1=64,k2=256")) == pair.HopperConfig(bm=128, bn=64, stages=3)
 
 
+def test_second_output_tile_goes_into_x_buffers_where_they_hold_it():
+    """Chunks alternate between two output tiles; the second takes x's buffers (free after the first GEMM) where they
+    hold bn channels, else shared memory of its own; one chunk needs one tile."""
+    spec = spec_of("n=2,h=12,w=12,c=64,k1=64,k2=512")
+    one_tile = pair.shared_bytes(spec_of("n=2,h=12,w=12,c=64,k1=64,k2=128"), pair.HopperConfig(bm=64, bn=128, stages=1))
+    assert pair.shared_bytes(spec, pair.HopperConfig(bm=64, bn=128, stages=1)) == one_tile + 64 * 128 * 2
+    assert pair.shared_bytes(spec, pair.HopperConfig(bm=64, bn=128, stages=2)) == one_tile + 64 * 64 * 2 * 2 + 64 * 64 * 2
+
+
 @pytest.mark.parametrize("case,config", CASES[:3])
 def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
     """One kernel taking four tensor maps (x, w1, w2, y; and r with a residual, read chunk by chunk into the output
@@ -96,7 +111,7 @@ def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, ca
     assert kernel.func_names == ["fused_conv3x3_conv1x1_wgmma"] and params.count("__grid_constant__ CUtensorMap") == 4 + bool(spec.residual)
     for instruction in (f"wgmma.mma_async.sync.aligned.m64n{spec.k1}k16", f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16",
                         "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta",
-                        "bar_sync_count_sync((uint)8"):
+                        "bar_sync_count_sync((uint)8", "cp.async.bulk.wait_group.read 1"):
         assert instruction in source, instruction
     compiles_for_sm90a(source, tmp_path)
 

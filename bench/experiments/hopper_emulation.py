@@ -6,7 +6,8 @@ does not run the generated code (tests/test_cuda_hopper_*.py's GPU tests do).
     python3 bench/experiments/hopper_emulation.py   (about 12 s; tests/test_cuda_hopper_conv.py runs part of it)
 Hardware models: TMA tiled mode (zero fill OOB, OOB not stored, 128B swizzle = XOR of address bits [4,7) with [7,10)),
 wgmma SS K-major SW128 canonical layout ((8,m),(8,2)):((8T,SBO),(1,T)) + Swizzle<3,4,3> (CUTLASS make_gmma_desc),
-C fragment layout CLayout_64xN (CUTLASS mma_traits_sm90_gmma.hpp)."""
+C fragment layout CLayout_64xN (CUTLASS mma_traits_sm90_gmma.hpp). The halo form's operands start inside a swizzle atom:
+the model swizzles the absolute address, which the descriptor's base offset (set by the kernel) stands for."""
 import dataclasses
 import os
 import sys
@@ -107,18 +108,19 @@ def act(v, name):
 def emulate(spec, cfg, second=None, rng=None):
     """Returns (y emulated (m, k2), y reference)."""
     rng = rng or np.random.default_rng(0)
-    m, c, k, bm, bn = spec.m, spec.c, spec.k, cfg.bm, cfg.bn
-    tiling = H.Tiling(spec, bm)
-    n_steps, c_steps, wgs = H.steps(spec), -(-c // BK), bm // 64
+    m, c, k, bm, bn, halo = spec.m, spec.c, spec.k, cfg.bm, cfg.bn, bool(cfg.halo)
+    tiling = H.Tiling(spec, bm, halo)
+    n_steps, c_steps, wgs, taps = H.steps(spec), -(-c // BK), bm // 64, spec.kh * spec.kw
     fused = second is not None
     k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
     k1_steps, chunks = k // BK, k2 // bn2
     stages = min(cfg.stages, n_steps)
     r_dim = spec.kh * spec.kw * c
     out = dataclasses.replace(spec, k=k2)
-    xm, ym = tiling.x_map(), H.Tiling(out, bm).y_map()
+    xm, ym = tiling.x_map(), H.Tiling(out, bm, halo).y_map()
     b_rows = max(bn, bn2) if fused else bn
-    w_at = stages * bm * BK
+    xs, x_rows = H.x_buffers(spec, cfg)
+    w_at = xs * x_rows * BK
     y_at = w_at + stages * b_rows * BK
     mid_at = y_at + bm * bn2
     pool = mid_at + (bm * k if fused else 0)
@@ -146,15 +148,24 @@ def emulate(spec, cfg, second=None, rng=None):
             acc = np.zeros((wgs * 64, bn), np.float32)
             for ko in range(n_steps):
                 st = ko % stages
-                xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [ko % c_steps * BK, *tiling.tap(bi, ko // c_steps)],
-                              tiling.element_strides())
-                assert xa.shape[0] == tiling.pixels
-                smem_write_rows(smem, st * bm * BK, xa)
-                wa = tma_load2(wf, (r_dim, k), r_dim * 2, (BK, bn), (ko // c_steps * c + ko % c_steps * BK, bk * bn))
+                if halo:  # tap ko % taps of channel step ko // taps: its operand starts shift rows into the step's box
+                    cs, t = ko // taps, ko % taps
+                    if t == 0:
+                        xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [cs * BK, *tiling.tap(bi, 0)])
+                        assert xa.shape[0] == tiling.width * (tiling.rows + spec.kh - 1) <= x_rows
+                        smem_write_rows(smem, cs % xs * x_rows * BK, xa)
+                    a_at, w_col = cs % xs * x_rows * BK + tiling.shift(t) * BK, t * c + cs * BK
+                else:
+                    xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [ko % c_steps * BK, *tiling.tap(bi, ko // c_steps)],
+                                  tiling.element_strides())
+                    assert xa.shape[0] == tiling.pixels
+                    smem_write_rows(smem, st * bm * BK, xa)
+                    a_at, w_col = st * bm * BK, ko // c_steps * c + ko % c_steps * BK
+                wa = tma_load2(wf, (r_dim, k), r_dim * 2, (BK, bn), (w_col, bk * bn))
                 smem_write_rows(smem, w_at + st * b_rows * BK, wa)
                 for wg in range(wgs):
                     for kk in range(BK // 16):
-                        A = desc_read(smem, st * bm * BK + wg * 64 * BK + kk * 16, 64)
+                        A = desc_read(smem, a_at + wg * 64 * BK + kk * 16, 64)
                         B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn)
                         with np.errstate(invalid="ignore"):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
@@ -163,7 +174,10 @@ def emulate(spec, cfg, second=None, rng=None):
                 load_residual(smem, rf, ym, y_at, bm, bn, [bk * bn, *tiling.origin(bi)])
             for row, ch, val in fragments(acc, cl, wgs, bn):
                 pre = val * s[bk * bn + ch] + b[bk * bn + ch]
-                at = H.swizzled(row, ch, bm)
+                out_row, pixel = (row, True) if fused else tiling.tile_row(row)
+                if not pixel:
+                    continue
+                at = H.swizzled(out_row, ch, bm)
                 if fused:
                     smem[mid_at + at] = np.float16(act(pre, act1))
                 elif residual:  # the residual tile's element, where the output's goes
@@ -191,7 +205,10 @@ def emulate(spec, cfg, second=None, rng=None):
                     load_residual(smem, rf, ym, y_at, bm, bn2, [jc * bn2, *tiling.origin(bi)])
                 for row, ch, val in fragments(acc2, cl2, wgs, bn2):
                     pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
-                    at = y_at + H.swizzled(row, ch, bm)
+                    out_row, pixel = tiling.tile_row(row)
+                    if not pixel:
+                        continue
+                    at = y_at + H.swizzled(out_row, ch, bm)
                     if residual:
                         smem[at] = np.float16(act(pre + smem[at], act2))
                     else:
@@ -255,12 +272,16 @@ CONVS = [
     ("n=2,h=15,w=15,c=128,k=256,stride=2,act=none", "bm=128,bn=256,stages=2"),  # odd h: no strided view needed
     ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=128,stages=3"),
     ("n=1,h=9,w=9,c=40,k=64,kh=3,kw=3,stride=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2"),
+    ("n=2,h=14,w=14,c=128,k=64,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=4,halo=1"),  # the halo form
+    ("n=1,h=6,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=3,halo=1"),  # 4 channel steps, 2 buffers
+    ("n=1,h=8,w=8,c=16,k=64,kh=5,kw=5,pad_h=2,pad_w=2", "bm=128,bn=64,stages=4,halo=1"),
 ]
-PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual)
+PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
     ("n=1,h=7,w=7,c=96,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 192, 64, False),
     ("n=1,h=9,w=10,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 128, True),
     ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 128, 3, 256, 128, True),  # a stride-2 pair
+    ("n=1,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 128, 3, 128, 64, True, 1),  # the halo form
 ]
 
 
@@ -272,9 +293,9 @@ def main() -> int:
         good = not np.isnan(y).any() and np.abs(y - ref).max() < 2e-2 * (1 + np.abs(ref).max())
         ok = ok and good
         print(sp, cf, "unwritten output" if np.isnan(y).any() else f"max abs error {np.abs(y - ref).max():.3g}", flush=True)
-    for sp, bm, stages, k2, bn2, res in PAIRS:
+    for sp, bm, stages, k2, bn2, res, *halo in PAIRS:
         spec = ConvSpec.parse(sp + ",dtype=float16")
-        y, ref = emulate(spec, H.HopperConfig(bm=bm, bn=spec.k, stages=stages), H.Second(k2, bn2, "relu", res))
+        y, ref = emulate(spec, H.HopperConfig(bm=bm, bn=spec.k, stages=stages, halo=sum(halo)), H.Second(k2, bn2, "relu", res))
         good = not np.isnan(y).any() and np.abs(y - ref).max() < 2e-2 * (1 + np.abs(ref).max())
         ok = ok and good
         print("pair", sp, f"k2={k2},bn2={bn2}", "unwritten output" if np.isnan(y).any() else

@@ -62,20 +62,21 @@ class HopperConfig:
     bm: int = 128  # pixels per block: 64 per consumer warpgroup
     bn: int = 128  # output channels per block: wgmma's n (64, 128 or 256)
     stages: int = 4  # operand buffers (at most one per reduction step is allocated)
+    halo: int = 0  # 1: one box of x for all taps of a 64-channel step (Tiling's halo form), stride-1 convs
 
     def to_string(self) -> str:
-        return f"bm={self.bm},bn={self.bn},stages={self.stages}"
+        return f"bm={self.bm},bn={self.bn},stages={self.stages}" + (",halo=1" if self.halo else "")
 
     @classmethod
     def parse(cls, text: str) -> "HopperConfig":
         values = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
-        unknown = set(values) - {"bm", "bn", "stages"}
+        unknown = set(values) - {"bm", "bn", "stages", "halo"}
         if unknown:
-            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages), which "
-                             f"runs this op; {ENABLE_ENV}=0 for the mma.sync template's parameters")
+            raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages, "
+                             f"halo), which runs this op; {ENABLE_ENV}=0 for the mma.sync template's parameters")
         cfg = cls(**{k: int(v) for k, v in values.items()})
-        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8:
-            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8")
+        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or cfg.halo not in (0, 1):
+            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo 0 or 1")
         return cfg
 
 
@@ -96,6 +97,23 @@ def spec_problem(spec: ConvSpec) -> str | None:
     if blocks > MAX_GRID_Y:
         return f"{blocks} pixel blocks: CUDA's grid takes at most {MAX_GRID_Y} (blockIdx.y)"
     return None
+
+
+def halo_problem(spec: ConvSpec, bm: int) -> str | None:
+    """Why the halo form (Tiling) cannot compute this conv in tiles of bm pixels, or None."""
+    if spec.stride != 1 or flat(spec):
+        return f"halo=1: a stride-1 conv of more than one tap (a {spec.kh}x{spec.kw} conv of stride {spec.stride})"
+    width = Tiling(spec, bm, True).width
+    if width > min(bm, 256):
+        return f"halo=1: a row of {width} input columns does not fit bm={bm} pixels (nor TMA's box, 256)"
+    return None
+
+
+def halo_wins(spec: ConvSpec) -> bool:
+    """Where the halo form in 128-pixel tiles measured faster: x of one 64-channel step, and blocks for every SM (H100,
+    batch 32, bench/results/convs_halo_h100_s23.txt: 56x56 64->64 23.3 us against 30.8 in the taps' form; with more
+    channel steps no faster: 28x28 128 22.3 vs 21.1, 14x14 256 18.8 vs 19.2, 7x7 512 36.9 vs 22.2)."""
+    return spec.c <= BK and not halo_problem(spec, 128) and Tiling(spec, 128, True).blocks >= SM90_SMS
 
 
 def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
@@ -127,8 +145,11 @@ def flat(spec: ConvSpec) -> bool:
 def default_config(spec: ConvSpec) -> HopperConfig:
     """128 channels where they divide k, 256 for a reduction of 1-2 steps (an x tile read once feeds more channels:
     H200, 28x28 128->512 +r at batch 32, 25.4 vs 32.1 us); 64 pixels where 128 leave SMs idle (7x7 2048->512 at batch
-    32: 52 blocks, 14.8 us; 100 blocks, 11.2) or where a block's whole rows fit 64 no worse than 128."""
+    32: 52 blocks, 14.8 us; 100 blocks, 11.2) or where a block's whole rows fit 64 no worse than 128. The halo form in
+    128-pixel tiles where `halo_wins`."""
     bn = 256 if steps(spec) <= 2 and spec.k % 256 == 0 else 128 if spec.k % 128 == 0 else 64
+    if halo_wins(spec):
+        return HopperConfig(bm=128, bn=bn, halo=1)
     if flat(spec):
         return HopperConfig(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn)
     if spec.wo > 64:
@@ -142,16 +163,46 @@ class Tiling:
     A stride-1 1x1 conv: bm consecutive pixels (the maps' second dimension is every pixel). Any other: `rows`
     whole output rows of one image, each tap (rh, rw) of the conv one box of x at the tap's offset (TMA
     reads coordinates outside x as zeros: the padding), a strided conv's box traversing every stride-th
-    column and row (element_strides)."""
+    column and row (element_strides).
+    The halo form (stride 1): ONE box of x a 64-channel step, the block's rows with the conv's reach around them
+    (`width` columns, rows + kh - 1 rows), which all taps read: the GEMM's rows run over that box's grid (GEMM row
+    m is output (m // width, m % width), the last kw - 1 columns of each row junk), so tap (rh, rw) of row m is the
+    box's row m + rh * width + rw: its A operand starts `shift(t)` rows in. x's bytes from L2 a block: one box
+    instead of kh * kw; the junk rows cost (kw - 1) / width of the MMAs (2 / 58 at 56x56)."""
 
     spec: ConvSpec
     bm: int
+    halo: bool = False
+
+    @property
+    def width(self) -> int:
+        """The halo box's columns: what a row of outputs reads (stride 1)."""
+        return self.spec.wo + self.spec.kw - 1
 
     @property
     def rows(self) -> int:
         """Output rows per block (rows form): as many as bm takes, spread evenly over the image's blocks."""
-        most = min(self.bm // self.spec.wo, self.spec.ho, 256 // self.spec.stride)  # TMA's box: 256 rows at most
+        reach = self.spec.kh - 1 if self.halo else 0  # TMA's box: 256 rows at most
+        most = min(self.bm // (self.width if self.halo else self.spec.wo), self.spec.ho, 256 // self.spec.stride - reach)
         return -(-self.spec.ho // -(-self.spec.ho // most))
+
+    def shift(self, t):
+        """The halo box's row where tap t's A operand starts (t: int or TIR expression)."""
+        return t // self.spec.kw * self.width + t % self.spec.kw
+
+    @property
+    def halo_rows(self) -> int:
+        """Rows of a halo buffer: the last tap's operand reaches bm - 1 + shift(last); a multiple of 8 (1024 B)."""
+        return -(-(self.bm + self.shift(self.spec.kh * self.spec.kw - 1)) // 8) * 8
+
+    def tile_row(self, m):
+        """(the output tile's row, whether a pixel) of GEMM row m: the halo form's rows run `width` columns a row."""
+        if not self.halo:
+            return m, True
+        from tvm import tirx
+
+        return m // self.width * self.spec.wo + m % self.width, tirx.all(m % self.width < self.spec.wo,
+                                                                         m // self.width < self.rows)
 
     @property
     def pixels(self) -> int:
@@ -174,7 +225,8 @@ class Tiling:
         if flat(s):
             return [s.c, s.m, 1, 1, s.c * e, s.m * s.c * e, s.m * s.c * e, BK, self.bm, 1, 1]
         st = s.stride  # a strided conv's box traverses x every st-th column and row (element_strides)
-        return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, st * s.wo, st * self.rows, 1]
+        box = [self.width, self.rows + s.kh - 1] if self.halo else [st * s.wo, st * self.rows]
+        return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, *box, 1]
 
     def element_strides(self) -> list:
         """TMA's traversal strides of x's box: it loads every stride-th element of its box (CUDA's
@@ -224,9 +276,25 @@ def swizzled(row, ch, bm: int):
     return ch // 64 * bm * 64 + row * 64 + (ch % 64 // 8 ^ row % 8) * 8 + ch % 8
 
 
+def x_buffers(spec: ConvSpec, cfg: HopperConfig) -> tuple[int, int]:
+    """(x's buffers, rows each): one per step of the ring (at most one per reduction step), bm rows; in the halo form
+    two (one per channel step, at most), of Tiling.halo_rows."""
+    if cfg.halo:
+        return min(2, -(-spec.c // BK)), Tiling(spec, cfg.bm, True).halo_rows
+    return min(cfg.stages, steps(spec)), cfg.bm
+
+
 def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
-    """Dynamic shared memory: the operand buffers (at most one per reduction step) and the output tile."""
-    return min(cfg.stages, steps(spec)) * (cfg.bm + cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2
+    """Dynamic shared memory: x's buffers, w's (at most one per reduction step) and the output tile."""
+    xs, x_rows = x_buffers(spec, cfg)
+    return (xs * x_rows + min(cfg.stages, steps(spec)) * cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2
+
+
+def second_tile_apart(x_elements: int, bm: int, bn2: int, chunks: int) -> bool:
+    """Whether the pair's second output tile needs shared memory of its own. The pair's chunks alternate between two
+    output tiles (one's TMA store runs on while the next chunk is computed); the second goes into x's buffers
+    (x_elements), which are free once the first GEMM is done, where they hold it."""
+    return chunks > 1 and bm * bn2 > x_elements
 
 
 @dataclass(frozen=True)
@@ -244,7 +312,8 @@ def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
     """The kernel as a TIRx PrimFunc (x (n, h, w, c), w (k, kh*kw*c), s, b, [residual (m, k)], y (m, k)): the
     parameters of cuda_conv's kernel, with w as InputForm(weights="kc") makes it."""
     problem = spec_problem(spec) or (spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
-        not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels")
+        not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
+        cfg.halo and halo_problem(spec, cfg.bm))
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
     return kernel_func(spec, cfg, None, name)
@@ -258,22 +327,25 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     from tvm import tirx
     from tvm.script import tirx as T
 
-    m, c, k, bm, bn = spec.m, spec.c, spec.k, cfg.bm, cfg.bn
-    tiling = Tiling(spec, bm)
+    m, c, k, bm, bn, halo = spec.m, spec.c, spec.k, cfg.bm, cfg.bn, bool(cfg.halo)
+    tiling = Tiling(spec, bm, halo)
     n_steps, c_steps, wgs, acc_regs, boxes = steps(spec), -(-c // BK), bm // 64, bn // 2, bn // 64
+    taps = spec.kh * spec.kw
     fused = second is not None
     k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
     k1_steps, chunks = k // BK, k2 // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
     all_steps = n_steps + (chunks * k1_steps if fused else 0)
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
     threads = 128 * (wgs + 1)
-    tx_bytes = (tiling.pixels + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
+    tx_bytes = ((0 if halo else tiling.pixels) + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
+    halo_bytes = tiling.width * (tiling.rows + spec.kh - 1) * BK * 2
+    xs, x_rows = x_buffers(spec, cfg)  # x's buffers (the halo form's: of channel steps, beside the ring of w's)
     r_dim = spec.kh * spec.kw * c
     out = dataclasses.replace(spec, k=k2)  # the output tensor's conv (the second GEMM's when fused)
     x_map_args = tiling.x_map() + tiling.element_strides() + [0, SWIZZLE_128B, 0, 0]  # interleave, swizzle, ...
     w_map_args = [r_dim, k, r_dim * 2, BK, bn, 1, 1, 0, SWIZZLE_128B, 0, 0]
     w2_map_args = [k, k2, k * 2, BK, bn2, 1, 1, 0, SWIZZLE_128B, 0, 0]
-    y_map_args = Tiling(out, bm).y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
+    y_map_args = Tiling(out, bm, halo).y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
     res_bytes = bn2 // 64 * tiling.pixels * 64 * 2  # a residual tile, loaded by TMA in y's boxes into the output tile
     mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k{WGMMA_K}.f32.f16.f16"
     mma2 = f"wgmma.mma_async.sync.aligned.m64n{bn2}k{WGMMA_K}.f32.f16.f16"
@@ -283,15 +355,25 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     residual = second.residual if fused else bool(spec.residual)
     act, act2 = activation(spec.act).te, activation(second.act if fused else spec.act).te
     # one step's wgmma left in flight (CUTLASS's mainloop): its buffer is released a step later, which needs a
-    # second buffer for the producer to fill meanwhile (the single conv's; the pair's steps wait for their wgmma)
-    overlap = stages >= 2 and not fused
+    # second buffer for the producer to fill meanwhile (the pair's second GEMM waits for its wgmma: one step a chunk)
+    overlap = stages >= 2
     b_rows = max(bn, bn2) if fused else bn
-    w_at = stages * bm * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
+    w_at = xs * x_rows * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
     y_at = w_at + stages * b_rows * BK
     mid_at = y_at + bm * bn2  # the pair's mid: bm x k1, in 64-channel tiles as the output tile
     pool = mid_at + (bm * k if fused else 0)
+    y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks) else 0  # the pair's other output tile
+    pool += bm * bn2 if y2_at else 0
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
+
+    @T.macro
+    def load_residual(tiles, r_map, res_full, bi, at, channel, tile):
+        """bn2 channels of the residual from `channel` on, into the output tile at `at` (y's boxes), on res_full[tile]"""
+        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(res_full[tile]), T.uint32(res_bytes))
+        for box in T.serial(bn2 // 64):
+            T.ptx[load](T.address_of(tiles[at + box * bm * 64]), T.address_of(r_map), channel + box * 64,
+                        *tiling.origin(bi), T.address_of(res_full[tile]))
 
     @T.prim_func
     def func(x_ptr: T.handle, w_ptr: T.handle, s_ptr: T.handle, b_ptr: T.handle, w2_ptr: T.handle, s2_ptr: T.handle,
@@ -324,7 +406,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         tiles = T.alloc_buffer((pool,), "float16", scope="shared.dyn", align=1024)
         full = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
         empty = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
-        res_full = T.alloc_buffer((1,), "uint64", scope="shared", align=8)  # a residual tile in the output tile
+        x_full = T.alloc_buffer((xs,), "uint64", scope="shared", align=8)  # the halo form's x buffers
+        x_empty = T.alloc_buffer((xs,), "uint64", scope="shared", align=8)
+        res_full = T.alloc_buffer((2,), "uint64", scope="shared", align=8)  # a residual tile in each output tile
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
         desc_x: T.uint64  # TIRx declares a local scalar by annotation (linters see a name without a value)
@@ -334,20 +418,32 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             for i in T.serial(stages):
                 T.ptx.mbarrier.init.shared.b64(T.address_of(full[i]), T.uint32(1))
                 T.ptx.mbarrier.init.shared.b64(T.address_of(empty[i]), T.uint32(4 * wgs))
+            for i in T.serial(xs if halo else 0):
+                T.ptx.mbarrier.init.shared.b64(T.address_of(x_full[i]), T.uint32(1))
+                T.ptx.mbarrier.init.shared.b64(T.address_of(x_empty[i]), T.uint32(4 * wgs))
             T.ptx.mbarrier.init.shared.b64(T.address_of(res_full[0]), T.uint32(1))
+            T.ptx.mbarrier.init.shared.b64(T.address_of(res_full[1]), T.uint32(1))
         T.ptx.fence.proxy.async_.shared__cta()
         T.cuda.cta_sync()
         if residual and tx == 0:  # the (first chunk's) residual tile, read while the mainloop runs
-            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(res_full[0]), T.uint32(res_bytes))
-            for box in T.serial(bn2 // 64):
-                T.ptx[load](T.address_of(tiles[y_at + box * bm * 64]), T.address_of(r_map), bk * bn + box * 64,
-                            *tiling.origin(bi), T.address_of(res_full[0]))
+            load_residual(tiles, r_map, res_full, bi, y_at, bk * bn, 0)
         if wg == wgs:  # the producer: one thread issues every step's copies (step ko: tap ko // c_steps)
             if tx == wgs * 128:
                 for ko in T.serial(all_steps):
                     if ko >= stages:  # the buffer's step `stages` earlier, released by every consumer warp
                         T.cuda.mbarrier_wait(T.address_of(empty[ko % stages]), (ko // stages + 1) % 2)
-                    if ko < n_steps:
+                    if halo and ko < n_steps:  # step ko: tap ko % taps of channel step ko // taps, whose box it reads
+                        if ko % taps == 0:  # the channel step's box, once its buffer's step xs earlier is done
+                            if ko >= xs * taps:
+                                T.cuda.mbarrier_wait(T.address_of(x_empty[ko // taps % xs]), (ko // taps // xs + 1) % 2)
+                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(x_full[ko // taps % xs]),
+                                                                       T.uint32(halo_bytes))
+                            T.ptx[load](T.address_of(tiles[ko // taps % xs * x_rows * BK]), T.address_of(x_map),
+                                        ko // taps * BK, *tiling.tap(bi, 0), T.address_of(x_full[ko // taps % xs]))
+                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
+                        T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
+                                      ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[ko % stages]))
+                    elif ko < n_steps:
                         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
                         T.ptx[load](T.address_of(tiles[ko % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
                                     *tiling.tap(bi, ko // c_steps), T.address_of(full[ko % stages]))
@@ -360,11 +456,18 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                       T.address_of(full[ko % stages]))
         else:
             for ko in T.serial(n_steps):
+                if halo and ko % taps == 0:
+                    T.cuda.mbarrier_wait(T.address_of(x_full[ko // taps % xs]), (ko // taps // xs) % 2)
                 T.cuda.mbarrier_wait(T.address_of(full[ko % stages]), (ko // stages) % 2)
                 T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(BK // WGMMA_K):  # the start address moves 32 B per step inside the swizzle atom
+                # A: x's box of the step, or the halo box from the tap's row on
+                a_at = T.meta_var(ko // taps % xs * x_rows * BK + tiling.shift(ko % taps) * BK if halo else ko % stages * bm * BK)
+                # the start address moves 32 B per step inside the swizzle atom; a halo tap's starts rows into it: the
+                # descriptor's base offset stays 0, as wgmma swizzles the address itself (H100: a base offset of
+                # (start >> 7) & 7, as the PTX ISA describes it, computed wrong results; 0 matched numpy)
+                for kk in T.unroll(BK // WGMMA_K):
                     T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
-                        tiles[ko % stages * bm * BK + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                        tiles[a_at + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
                     T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
                         tiles[w_at + ko % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
                     T.ptx[mma](*[acc[i] for i in range(acc_regs)], desc_x, desc_w,  # noqa: F821
@@ -375,32 +478,43 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     T.ptx.wgmma.wait_group.sync.aligned(1)
                     if ko > 0 and tx % 32 == 0:  # each warp, once its wait returned
                         T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(ko + stages - 1) % stages]))
+                        if halo and ko % taps == 0:  # the last step was the last tap of its channel step
+                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[(ko // taps + xs - 1) % xs]))
                 else:
                     T.ptx.wgmma.wait_group.sync.aligned(0)
                     if tx % 32 == 0:
                         T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[ko % stages]))
+                        if halo and ko % taps == taps - 1:
+                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[ko // taps % xs]))
             T.ptx.wgmma.wait_group.sync.aligned(0)
+            if fused and overlap and tx % 32 == 0:  # the last step's buffer, for the second GEMM's w2 tiles
+                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps - 1) % stages]))
             for i in T.unroll(acc_regs):
                 T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
             # accumulator pair p (fragment): two adjacent channels of one row, one half2 store into the swizzled tile
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
-            for p in T.unroll(acc_regs // 2):
+            for p in T.unroll(acc_regs // 2):  # mid: the GEMM's rows; the output tile: its pixels' (Tiling.tile_row)
                 row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
                 hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
-                at = T.meta_var((mid_at if fused else y_at) + swizzled(row, ch, bm))
-                if residual and not fused:  # the residual tile's element sits where the output's goes
+                out_row, pixel = T.meta_var((row, True) if fused else tiling.tile_row(row))
+                at = T.meta_var((mid_at if fused else y_at) + swizzled(out_row, ch, bm))
+                if residual and not fused and pixel:  # the residual tile's element sits where the output's goes
                     T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
                                      act(lo + T.Cast("float32", tiles[at])), act(hi + T.Cast("float32", tiles[at + 1])),
                                      source_code=STORE_SOURCE)
-                else:
+                elif pixel:
                     T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), act(lo), act(hi),
                                      source_code=STORE_SOURCE)
             if fused:  # the second GEMM: mid (its warpgroup's rows) times w2's tiles, chunk by chunk of bn2 channels
                 T.ptx.fence.proxy.async_.shared__cta()  # mid's generic-proxy writes, visible to wgmma's reads
-                T.ptx.bar.sync(T.Cast("uint32", 1 + wg), T.uint32(128))  # a warpgroup reads only the rows of mid it wrote
+                # every warpgroup's first GEMM done: x's buffers are free for the second output tile (y2_at)
+                T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                if residual and chunks > 1 and tx == 0:
+                    load_residual(tiles, r_map, res_full, bi, y2_at, bn2, 1)
                 for jc in T.serial(chunks):
+                    y_tile = T.meta_var(y_at + jc % 2 * (y2_at - y_at))  # chunks alternate between the two tiles
                     for kc in T.serial(k1_steps):
                         g = T.meta_var(n_steps + jc * k1_steps + kc)
                         T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
@@ -413,40 +527,51 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                             T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], desc_x, desc_w,  # noqa: F821
                                         kc * (BK // WGMMA_K) + kk > 0, 1, 1, 0, 0)
                         T.ptx.wgmma.commit_group.sync.aligned()
+                        if overlap:  # as the first GEMM's steps: this one's wgmma in flight, the last one's buffer released
+                            T.ptx.wgmma.wait_group.sync.aligned(1)
+                            if kc > 0 and tx % 32 == 0:
+                                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(g + stages - 1) % stages]))
+                        else:
+                            T.ptx.wgmma.wait_group.sync.aligned(0)
+                            if tx % 32 == 0:
+                                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
+                    if overlap:  # the chunk's last step
                         T.ptx.wgmma.wait_group.sync.aligned(0)
                         if tx % 32 == 0:
-                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
+                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps + jc * k1_steps + k1_steps - 1) % stages]))
                     for i in T.unroll(acc2_regs):
                         T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
-                    if residual:  # chunk jc's residual tile (loaded once the last chunk's store had read the tile)
-                        T.cuda.mbarrier_wait(T.address_of(res_full[0]), jc % 2)
-                    elif jc > 0:  # the last chunk's store has read the output tile (its thread waited for it)
+                    if residual:  # chunk jc's residual tile (loaded once the store of chunk jc - 2 had read the tile)
+                        T.cuda.mbarrier_wait(T.address_of(res_full[jc % 2]), jc // 2 % 2)
+                    elif jc > 1:  # thread 0 has seen the store of chunk jc - 2 read this tile
                         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                     for p in T.unroll(acc2_regs // 2):
                         row, ch = T.meta_var(fragment(tx, wg, p))
                         lo = T.meta_var(acc2[2 * p] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
                         hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
-                        at = T.meta_var(y_at + swizzled(row, ch, bm))
-                        if residual:
+                        out_row, pixel = T.meta_var(tiling.tile_row(row))
+                        at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
+                        if residual and pixel:
                             T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
                                              act2(lo + T.Cast("float32", tiles[at])),
                                              act2(hi + T.Cast("float32", tiles[at + 1])), source_code=STORE_SOURCE)
-                        else:
+                        elif pixel:
                             T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), act2(lo), act2(hi),
                                              source_code=STORE_SOURCE)
                     T.ptx.fence.proxy.async_.shared__cta()
                     T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                    if tx == 0:
+                    if tx == 0:  # the store runs on while the next chunk is computed into the other tile
                         for box in T.serial(bn2 // 64):
                             T.ptx[store](T.address_of(y_map), jc * bn2 + box * 64, *tiling.origin(bi),
-                                         T.address_of(tiles[y_at + box * bm * 64]))
+                                         T.address_of(tiles[y_tile + box * bm * 64]))
                         T.ptx.cp.async_.bulk.commit_group()
-                        T.ptx.cp.async_.bulk.wait_group(0)
-                        if residual and jc + 1 < chunks:  # the next chunk's residual, into the tile the store has read
-                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(res_full[0]), T.uint32(res_bytes))
-                            for box in T.serial(bn2 // 64):
-                                T.ptx[load](T.address_of(tiles[y_at + box * bm * 64]), T.address_of(r_map),
-                                            (jc + 1) * bn2 + box * 64, *tiling.origin(bi), T.address_of(res_full[0]))
+                        if jc + 1 < chunks:
+                            T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
+                            if residual and jc > 0:  # chunk jc + 1's residual, into it
+                                load_residual(tiles, r_map, res_full, bi, y_at + (jc + 1) % 2 * (y2_at - y_at),
+                                              (jc + 1) * bn2, (jc + 1) % 2)
+                        else:
+                            T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
         if not fused:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()

@@ -19,7 +19,8 @@ import dataclasses
 from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
-from .cuda_hopper_conv import BK, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, kernel_func, measured_slower, spec_problem
+from .cuda_hopper_conv import (BK, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
+                               kernel_func, measured_slower, second_tile_apart, spec_problem, x_buffers)
 from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
@@ -33,9 +34,12 @@ def pair_problem(spec: FusedConvSpec) -> str | None:
 
 
 def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
-    """The operand buffers (x's tile and the larger of w1's and w2's), the output tile and mid."""
-    steps = 9 * -(-spec.c // BK)
-    return (min(cfg.stages, steps) * (cfg.bm + max(spec.k1, cfg.bn)) * BK + cfg.bm * cfg.bn + cfg.bm * spec.k1) * 2
+    """The operand buffers (x's tile and the larger of w1's and w2's), the output tile (and the other one where x's
+    buffers cannot hold it) and mid."""
+    xs, x_rows = x_buffers(conv3x3_spec(spec), cfg)
+    tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.bn)
+    stages = min(cfg.stages, 9 * -(-spec.c // BK))
+    return ((xs * x_rows + stages * max(spec.k1, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn + cfg.bm * spec.k1) * 2
 
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
@@ -44,12 +48,15 @@ def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     that fit. H200 (bench/results/fused_hopper_sweep_h200_s16.txt, N=32): 128-pixel tiles with bn=64 and 3 buffers
     beat the 3x3's default (64-pixel tiles, bn=128, 4 buffers) on every 56x56 and 28x28 pair (56x56 64->64->256 +r
     64.6 vs 100.4 us; 64->64->128 36.8 vs 57.6; 28x28 128->128->512 +r 54.9 vs 65.4); at 14x14 (49 blocks of 128
-    pixels) 64-pixel tiles and bn=128 win (38.2 vs 54.8)."""
+    pixels) 64-pixel tiles and bn=128 win (38.2 vs 54.8). The halo form where the 3x3 has one 64-channel step and the
+    second GEMM is small (k2 <= 2 k1): H100, bench/results/fused_hopperab_h100_s23.txt, 56x56 64->64->64 26.6 vs 32.1
+    us, 64->64->128 36.2 vs 38.7; 64->64->256 51.5 either way, +r 70.9 vs 67.2."""
     first = conv3x3_spec(spec)
     fits_rows = first.wo <= 128  # (rows wider than a tile: refused by spec_problem, asked after this)
     bm = 128 if fits_rows and Tiling(first, 128).blocks >= SM90_SMS else conv_default(first).bm
     narrow = bm == 128 or spec.k2 % 128
-    cfg = HopperConfig(bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4)
+    halo = bm == 128 and spec.k2 <= 2 * spec.k1 and halo_wins(first)
+    cfg = HopperConfig(bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo))
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
@@ -59,11 +66,12 @@ def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3
     """The kernel as a TIRx PrimFunc (x, w1 (k1, 9*c), s1, b1, w2 (k2, k1), s2, b2, [residual (m, k2)], y (m, k2)):
     the parameters of cuda_wmma's fused kernel, with the weights as PairForm makes them."""
     problem = pair_problem(spec) or (spec.k2 % cfg.bn and f"k2 is not a multiple of bn={cfg.bn}") or (
-        spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels")
+        spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
+        cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm))
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
     conv1 = conv3x3_spec(spec)
-    first = HopperConfig(bm=cfg.bm, bn=spec.k1, stages=cfg.stages)  # all of k1 in one block
+    first = dataclasses.replace(cfg, bn=spec.k1)  # all of k1 in one block
     return kernel_func(conv1, first, Second(spec.k2, cfg.bn, spec.act2, bool(spec.residual)), name)
 
 
