@@ -24,3 +24,11 @@ def mma_sync(monkeypatch):
     """The mma.sync template's kernels on sm_90 too (TVM_B2B_HOPPER=0): for tests of that template's choices, which
     the Hopper kernel (on by default on sm_90 where it measured faster) would otherwise take."""
     monkeypatch.setenv("TVM_B2B_HOPPER", "0")
+
+
+@pytest.fixture
+def template_pairs(monkeypatch):
+    """The fused pair on the mma.sync template (cuda_wmma) on sm_90 too (TVM_B2B_HOPPER_PAIR=0): for tests of that
+    template's kernel, which the Hopper pair kernel (on by default on sm_90 where it measured faster) would otherwise
+    take."""
+    monkeypatch.setenv("TVM_B2B_HOPPER_PAIR", "0")

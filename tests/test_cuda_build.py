@@ -13,6 +13,8 @@ from tvm_b2b.schedule import plan
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig
 from tvm_b2b.target import parse_target
 
+pytestmark = pytest.mark.usefixtures("template_pairs")  # the mma.sync template's pair builds (sm_90 included)
+
 ARCHES = ["sm_70", "sm_75", "sm_80", "sm_86", "sm_89", "sm_90"]
 SPECS = [
     FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16"),

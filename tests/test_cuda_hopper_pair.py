@@ -1,4 +1,4 @@
-"""schedule/cuda_hopper_pair.py: the fused 3x3 -> 1x1 pair on sm_90's TMA + wgmma (off unless TVM_B2B_HOPPER_PAIR=1).
+"""schedule/cuda_hopper_pair.py: the fused 3x3 -> 1x1 pair on sm_90's TMA + wgmma (on where it measured faster).
 CPU: which pairs it takes and why not, the weights it is given, its kernel's instructions and an nvcc sm_90a
 compile. GPU (sm_90 only): the kernel vs numpy. What it measures: `bash bench/gpu_session.sh hopper`."""
 import numpy as np
@@ -54,18 +54,24 @@ def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
         pair.pair_func(spec, pair.default_config(spec))
 
 
-def test_rule_is_off_by_default(monkeypatch):
-    """Off unless TVM_B2B_HOPPER_PAIR=1 (slower than its two convs on the Hopper conv kernel); then on where it fills
-    half the SMs (ResNet-50's 14x14 pair at batch 32, not at batch 1)."""
+def test_rule_is_on_where_it_measured_faster(monkeypatch):
+    """On by default where it measured faster than the pair's other forms (ResNet-50's 56x56 and 14x14 pairs at batch
+    32), not where it fills fewer than half the SMs (batch 1), not for k1 = 128 or a strided 3x3 (measured slower than
+    the two convs); TVM_B2B_HOPPER_PAIR=0 turns it off."""
     spec, small = spec_of("n=32,h=14,w=14,c=256,k1=256,k2=1024,residual=1"), spec_of("n=1,h=14,w=14,c=256,k1=256,k2=1024")
     monkeypatch.delenv(PAIR_ENV, raising=False)
-    assert "off (TVM_B2B_HOPPER_PAIR=0)" in pair.RULE.can_implement(spec, target_info(SM90))
-    assert plan(spec, SM90).kernels[0].attrs.get(TIRX_ATTR) is None
-    monkeypatch.setenv(PAIR_ENV, "1")
-    assert "fewer than half" in pair.RULE.can_implement(small, target_info(SM90))
+    info = target_info(SM90)
+    assert pair.RULE.can_implement(spec, info) is None
+    assert pair.RULE.can_implement(spec_of("n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1"), info) is None
+    assert "fewer than half" in pair.RULE.can_implement(small, info)
+    assert "k1=128" in pair.RULE.can_implement(spec_of("n=32,h=28,w=28,c=128,k1=128,k2=512,residual=1"), info)
+    assert "strided" in pair.RULE.can_implement(spec_of("n=32,h=28,w=28,c=256,k1=256,k2=1024,stride=2,residual=1"), info)
     planned = plan(spec, SM90)
     assert planned.fused and planned.kernels[0].attrs[TIRX_ATTR] and planned.input_form == PairForm()
     assert len(plan(spec, SM90, fused=False).kernels) == 2  # the two-kernel form asked for: the template's
+    monkeypatch.setenv(PAIR_ENV, "0")
+    assert "off (TVM_B2B_HOPPER_PAIR=0)" in pair.RULE.can_implement(spec, info)
+    assert plan(spec, SM90).kernels[0].attrs.get(TIRX_ATTR) is None
 
 
 def test_pair_weights_are_each_output_channels_row():
@@ -126,3 +132,18 @@ def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
     arrays = random_inputs(spec, seed=5)
     err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
     assert ok, f"max abs error {err}"
+
+
+def test_a_config_picks_the_kernel_it_was_made_for(monkeypatch):
+    """Where the Hopper pair runs the pair by default, the template's parameters (text or WmmaConfig) build the
+    template's kernel and the Hopper kernel's its own; parameters of neither are a one-line error."""
+    from tvm_b2b.schedule.cuda_wmma import WmmaConfig
+
+    monkeypatch.delenv(PAIR_ENV, raising=False)
+    spec = spec_of("n=32,h=56,w=56,c=64,k1=64,k2=128")
+    assert plan(spec, SM90).kernels[0].attrs[TIRX_ATTR]
+    for template in ("m_tile=128,warps_m=4,k_tile=64", WmmaConfig(m_tile=128)):
+        assert plan(spec, SM90, config=template).kernels[0].attrs.get(TIRX_ATTR) is None
+    assert plan(spec, SM90, config="bm=128,bn=64,stages=2").config == pair.HopperConfig(bm=128, bn=64, stages=2)
+    with pytest.raises(ValueError, match="bogus"):
+        plan(spec, SM90, config="bogus=1")

@@ -18,6 +18,8 @@ from tvm_b2b.schedule import cuda_grouped_pair, plan
 from tvm_b2b.schedule.cuda_wmma import WmmaConfig, shared_bytes
 from tvm_b2b.target import parse_target
 
+pytestmark = pytest.mark.usefixtures("template_pairs")  # the lowering of the mma.sync template's kernels (sm_90 included)
+
 SPEC = FusedConvSpec(n=2, h=56, w=56, c=64, k1=64, k2=128, dtype="float16")
 OURS = {"tvm_b2b.PoolSharedMemory", "tvm_b2b.TypedPoolAccess", "tvm_b2b.CommonSubexprElimKeepingWarpIndex",
         "tvm_b2b.LowerAllWarpMemory", "tvm_b2b.HoistLoopSyncs"}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("template_pairs")  # the mma.sync template's generated CUDA (sm_90 included)
+
 DIGESTS = Path(__file__).parent / "data" / "cuda_digests.json"
 SEED = "n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16"
 # (spec, target, fused, db): db "auto" takes the target GPU's shipped record, None the defaults

@@ -159,7 +159,8 @@ def _specs_to_tune(args, target) -> list:
         if kind_of(spec) != PAIR and len(planned.kernels) > 1:
             return "by default it splits its reduction over two kernels (split-K), which tuning does not search yet"
         if not planned.schedules:
-            return "its kernel is written, not scheduled (sm_90's TIRx kernels: TMA + wgmma, the cluster pair): nothing to search"
+            return ("its kernel is written, not scheduled (sm_90's TIRx kernels: TMA + wgmma, the cluster pair): nothing to "
+                    "search (TVM_B2B_HOPPER=0, TVM_B2B_HOPPER_PAIR=0 or TVM_B2B_DW_CLUSTER=0 leave it to the template, which has)")
         return None
 
     if not args.model:

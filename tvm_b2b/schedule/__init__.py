@@ -1,5 +1,5 @@
 """Schedule rules of the op kinds, one per template and file: `cpu`, `cpu_conv` (llvm), `cuda_wmma`,
-`cuda_conv` (tensor cores), `cuda_hopper_conv` and `cuda_hopper_pair` (sm_90's TMA + wgmma; off by default),
+`cuda_conv` (tensor cores), `cuda_hopper_conv` and `cuda_hopper_pair` (sm_90's TMA + wgmma, where they measured faster),
 `cuda_cluster_dw_pair` (sm_90: a depthwise pair split over a thread-block cluster), `cuda_grouped_pair` (a grouped
 3x3 on CUDA cores feeding a 1x1 on tensor cores), `cuda_grouped_conv` (CUDA cores). A rule is an object (CUTLASS's kernel with its
 `can_implement`, dlight's rule) with:
@@ -89,12 +89,30 @@ def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
     no kernels (the caller runs the op another way)."""
     info = target_info(target)
     rule = rule_for(info, kind or kind_of(spec), spec)
+    if config is not None:
+        rule = _rule_taking(config, info, kind or kind_of(spec), spec) or rule
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")
     planned = rule.plan(spec, info, rule.parse_config(config), fused, policy, unfused)
     planned.passed_over = "; ".join(f"{r.name}: {why}" for r, why in _passed_over(info, kind or kind_of(spec), spec, rule))
     return planned
+
+
+def _rule_taking(config, info, kind: str, spec):
+    """The first rule able to run the spec whose parameters `config` is (a config text it parses, or a config object
+    of its type), or None: a config names the kernel it was made for (the template's m_tile=..., a Hopper kernel's
+    bm=...), so it picks that kernel where an earlier rule would run the spec by default."""
+    for rule in _rules(kind, info):
+        if rule.can_implement(spec, info) is not None:
+            continue
+        try:
+            parsed = rule.parse_config(config)
+        except ValueError:
+            continue
+        if isinstance(config, str) or type(parsed) is type(rule.default_config(spec, info)):
+            return rule
+    return None
 
 
 def _rules(kind: str, info) -> list:

@@ -20,11 +20,14 @@ in shared memory, as wgmma reads them); which pixels a block takes and how TMA r
   tile in shared memory, two channels a store, stored by TMA in 64-channel boxes; a residual tile comes into
   that tile by TMA (y's map on r) while the mainloop runs, and the epilogue replaces it in place. TMA reads
   coordinates outside a tensor as zeros and does not write them: any pixel count works, and the conv's padding
-  costs nothing.
+  costs nothing;
+- the halo form (`halo=1`, stride-1 convs; Tiling): one box of x a 64-channel step for all taps, in buffers of its
+  own (two: one per channel step), beside the ring of w's tap tiles; a tap's wgmma operand starts rows into it.
 
 ON by default on sm_90 (`TVM_B2B_HOPPER=0` turns it off) where it measured faster than cuda_conv's kernel on the
 H200 (`bash bench/gpu_session.sh hopperconvs`, bench/results/convs_h200_s15_hopper*.txt): at batch 32 every
-ResNet-50 conv with 2+ reduction steps, 1.2-1.9x (3x3 7x7 512: 22.9 vs 42.4 us); `measured_slower` names where not.
+ResNet-50 conv with 2+ reduction steps, 1.2-1.9x (3x3 7x7 512: 22.9 vs 42.4 us); `measured_slower` names where not;
+in the halo form where `halo_wins`.
 """
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ class HopperConfig:
         unknown = set(values) - {"bm", "bn", "stages", "halo"}
         if unknown:
             raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages, "
-                             f"halo), which runs this op; {ENABLE_ENV}=0 for the mma.sync template's parameters")
+                             "halo) nor of the mma.sync template's, the kernels that run this op")
         cfg = cls(**{k: int(v) for k, v in values.items()})
         if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or cfg.halo not in (0, 1):
             raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo 0 or 1")
@@ -323,7 +326,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     """conv_func's kernel; with `second`, the fused pair's (x, w (k1, kh*kw*c), s, b, w2 (k2, k1), s2, b2,
     [residual (m, k2)], y (m, k2)): spec the first conv (its k all of k1, one block's channels: cfg.bn == spec.k),
     its epilogue into `mid`, then per chunk of bn2 channels the second GEMM (64 channels of mid a step, w2's
-    tiles through the same buffers), its epilogue and store. Its callers check what the spec and config take."""
+    tiles through the same buffers), its epilogue into one of two output tiles (chunks alternate) and its store,
+    which runs on while the next chunk is computed. Its callers check what the spec and config take."""
     from tvm import tirx
     from tvm.script import tirx as T
 
@@ -537,8 +541,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                 T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
                     if overlap:  # the chunk's last step
                         T.ptx.wgmma.wait_group.sync.aligned(0)
+                        last = T.meta_var(n_steps + (jc + 1) * k1_steps - 1)
                         if tx % 32 == 0:
-                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps + jc * k1_steps + k1_steps - 1) % stages]))
+                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[last % stages]))
                     for i in T.unroll(acc2_regs):
                         T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
                     if residual:  # chunk jc's residual tile (loaded once the store of chunk jc - 2 had read the tile)

@@ -3,14 +3,15 @@ GEMM. The 3x3 conv's TMA + wgmma mainloop computes all k1 channels of a block's 
 its epilogue writes them as fp16 into shared memory (`mid`) in the layout wgmma reads an operand from; then,
 per chunk of bn2 output channels, wgmma multiplies mid by w2's tiles (TMA, through the same buffers), and the
 second epilogue (scale, bias, [residual], act) goes out by TMA. No intermediate in global memory, no im2col copy
-per tap (each tap is one TMA box of x). No public library has this kernel on Hopper (CUTLASS's fused example
-stops at sm_80).
+per tap (each tap is one TMA box of x, or one box for all taps in the halo form: Tiling). The chunks alternate
+between two output tiles, so that a chunk's store and the next chunk's residual read run while the next chunk is
+computed. No public library has this kernel on Hopper (CUTLASS's fused example stops at sm_80).
 
 Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3.
-OFF by default (`TVM_B2B_HOPPER_PAIR=1` turns it on): correct on the H200 (its GPU tests, ResNet-50 vs onnxruntime), but
-slower than its two convs as cuda_hopper_conv's single kernels (bench/results/fused_h200_s15_hopper1.txt, N=32:
-14x14 256->256->1024 +r 38.4 us against 19.4 + 16.7; 28x28 128->128->512 +r 65.7 against 20.3 + 33.6; 56x56 64->64->256
-+r 101.7 against cuda_wmma's fused 68.0): the second GEMM runs chunk after chunk with its epilogue, nothing overlapped.
+ON by default on sm_90 (`TVM_B2B_HOPPER_PAIR=0` turns it off, `all` puts every pair it computes on it) where it measured
+faster than the pair's other forms: H100, batch 32 (bench/results/fused_hopper_pairs_h100_s23.txt, against the two convs
+as a model runs them unfused): 56x56 64->64->256 +r 67.4 us vs 84.7 (and vs cuda_wmma's fused kernel in ResNet-50, 64-67
+vs 71-74: e2e_hopperpair_*_h100_s23_breakdown.txt), 14x14 256->256->1024 +r 30.6 vs 37.3; `slower` names where not.
 """
 from __future__ import annotations
 
@@ -111,10 +112,21 @@ class WrittenPairRule(HopperRule):
         return Plan([self.func(spec, cfg)], True, cfg, input_form=self.input_form)
 
 
+def pair_measured_slower(spec: FusedConvSpec) -> str | None:
+    """Where the pair measured slower than its two convs as a model runs them (H100, batch 32,
+    bench/results/fused_hopper_pairs_h100_s23.txt), or None: k1 = 128 (28x28 128->128->512 +r 61.0 vs 51.0 us; 56x56/2
+    128->128->512 +r 64.8 vs 51.7) and a strided 3x3 (28x28/2 256->256->1024 +r 37.7 vs 37.7)."""
+    if spec.stride > 1:
+        return f"a strided 3x3 (stride {spec.stride}): the pair measured no faster than its two convs"
+    if spec.k1 == 128:
+        return "k1=128: the pair measured slower than its two convs (28x28 128->128->512 +r at batch 32: 61.0 vs 51.0 us)"
+    return None
+
+
 class HopperPairRule(WrittenPairRule):
     """sm_90 fused pairs on TMA + wgmma; runs every pair it takes fused."""
 
-    switch, default = PAIR_ENV, "0"
+    switch, default = PAIR_ENV, "1"
     input_form = PairForm()
 
     def problem(self, spec: FusedConvSpec) -> str | None:
@@ -122,7 +134,7 @@ class HopperPairRule(WrittenPairRule):
 
     def slower(self, spec: FusedConvSpec) -> str | None:
         cfg = default_config(spec)
-        return measured_slower(conv3x3_spec(spec), Tiling(conv3x3_spec(spec), cfg.bm).blocks)
+        return measured_slower(conv3x3_spec(spec), Tiling(conv3x3_spec(spec), cfg.bm).blocks) or pair_measured_slower(spec)
 
     def default_config(self, spec: FusedConvSpec, info) -> HopperConfig:
         return default_config(spec, info.arch)
