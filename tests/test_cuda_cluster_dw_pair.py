@@ -194,12 +194,15 @@ def random_configs(spec):
     return st.sampled_from([cfg for cfg in configs if cluster.config_problem(spec, cfg) is None])
 
 
-def test_a_template_config_says_which_kernel_runs_the_pair():
-    """A config of the template's (as text or object) for a pair this kernel takes: one line naming the switch."""
+def test_a_template_config_builds_the_templates_kernel():
+    """A config of the template's (as text or object) for a pair this kernel takes by default: the template's kernel
+    (a config picks the kernel it was made for); parameters of neither: one line."""
     from tvm_b2b.schedule.cuda_wmma import WmmaConfig
 
     spec = depthwise("n=1,h=14,w=14,c=384,k1=384,k2=64")
-    for config in ("m_tile=32,k_tile=64", WmmaConfig()):
-        with pytest.raises(ValueError, match="TVM_B2B_DW_CLUSTER=0") as raised:
-            build(spec, "cuda:sm_90", config=config, db=None)
-        assert "\n" not in str(raised.value)
+    assert any("cluster" in name for name in build(spec, "cuda:sm_90", db=None).func_names)
+    for config in ("m_tile=32,k_tile=64", WmmaConfig(m_tile=32, k_tile=64)):
+        assert not any("cluster" in name for name in build(spec, "cuda:sm_90", config=config, db=None).func_names)
+    with pytest.raises(ValueError, match="bogus") as raised:
+        build(spec, "cuda:sm_90", config="bogus=1", db=None)
+    assert "\n" not in str(raised.value)

@@ -195,7 +195,7 @@ class ClusterConfig:
         unknown = set(values) - {"bm", "cs", "kc", "warps"}
         if unknown:
             raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of the cluster depthwise pair (bm, cs, kc, "
-                             f"warps); {ENABLE_ENV}=0 for the template's parameters")
+                             "warps) nor of the template's, the kernels that run this pair")
         cfg = cls(**{k: int(v) for k, v in values.items()})
         if cfg.bm not in (16, 32, 64) or not 1 <= cfg.cs <= MAX_CLUSTER or cfg.kc % MMA_K or cfg.warps not in (4, 8):
             raise ValueError(f"config: {cfg.to_string()}: bm is 16, 32 or 64, cs 1 to {MAX_CLUSTER}, kc a multiple of "
@@ -435,8 +435,8 @@ class ClusterDepthwisePairRule(WrittenPairRule):
             return config
         if isinstance(config, str):
             return ClusterConfig.parse(config)
-        raise ValueError(f"config: a {type(config).__name__} is another kernel's; this pair runs on the cluster kernel "
-                         f"(bm, cs), {ENABLE_ENV}=0 for the template's")
+        raise ValueError(f"config: a {type(config).__name__} is the config of neither kernel that runs this pair (the "
+                         "cluster kernel's: bm, cs, kc, warps)")
 
     def default_config(self, spec: FusedConvSpec, info) -> ClusterConfig:
         return default_config(spec, info.arch)

@@ -105,7 +105,7 @@ def spec_problem(spec: ConvSpec) -> str | None:
 def halo_problem(spec: ConvSpec, bm: int) -> str | None:
     """Why the halo form (Tiling) cannot compute this conv in tiles of bm pixels, or None."""
     if spec.stride != 1 or flat(spec):
-        return f"halo=1: a stride-1 conv of more than one tap (a {spec.kh}x{spec.kw} conv of stride {spec.stride})"
+        return f"halo=1 takes a stride-1 conv of more than one tap, not a {spec.kh}x{spec.kw} conv of stride {spec.stride}"
     width = Tiling(spec, bm, True).width
     if width > min(bm, 256):
         return f"halo=1: a row of {width} input columns does not fit bm={bm} pixels (nor TMA's box, 256)"
@@ -359,7 +359,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     residual = second.residual if fused else bool(spec.residual)
     act, act2 = activation(spec.act).te, activation(second.act if fused else spec.act).te
     # one step's wgmma left in flight (CUTLASS's mainloop): its buffer is released a step later, which needs a
-    # second buffer for the producer to fill meanwhile (the pair's second GEMM waits for its wgmma: one step a chunk)
+    # second buffer for the producer to fill meanwhile (both of the pair's GEMMs; a chunk's last step is waited for)
     overlap = stages >= 2
     b_rows = max(bn, bn2) if fused else bn
     w_at = xs * x_rows * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
