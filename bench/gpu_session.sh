@@ -61,6 +61,10 @@ dw_bench() {  # N NAME: bench_fused on MobileNetV2's depthwise pairs at batch N 
 print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.groups == s.c and s.n == $1))")
   timeout "${LIMIT:-280}" python3 bench/bench_fused.py $cases "${cfgs[@]}" --json "$out/$2.json" 2>&1 | tee "$out/$2.txt" | grep -v "^\s*$"
 }
+dense_pair_cases() {  # bench_fused's --case flags: the N=32 56x56 sweep, then ResNet-50's stride-1 +residual pairs at N=32
+  for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done
+  for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done
+}
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
 case "$1" in
   tune)
@@ -139,16 +143,14 @@ case "$1" in
                 # then on the mma.sync template; each run's unfused row is the template's two kernels, torch's row cuDNN
     for on in 1 0; do
       TVM_B2B_HOPPER_PAIR=$([ $on = 1 ] && echo all || echo 0) timeout 280 python3 bench/bench_fused.py --config default \
-        $(for n in 32; do for k2 in 64 128 256; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done; done) \
-        $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
+        $(dense_pair_cases) \
         --json "$out/fused_h200_hopper$on.json" 2>&1 | tee "$out/fused_h200_hopper$on.txt" | grep -v "^\s*$" | tail -20
     done
     ;;
   hopperab)  # the Hopper pair's dense cases (hopperpairs') with its default config on a baseline tree (BASE: a folder holding an
               # earlier commit's tvm_b2b/ and bench/bench_fused.py, e.g. `git archive HEAD~1 tvm_b2b bench/bench_fused.py | tar -x -C
               # .devcarry/base`, carried), then on this tree with the default and each CFG, and the two convs (singles)
-    cases="$(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done)
-      $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done)"
+    cases="$(dense_pair_cases)"
     for tree in "${BASE:?a baseline tree}" .; do
       tag=$([ "$tree" = . ] && echo new || echo base)
       cfgs=(--config default); [ "$tree" = . ] && cfgs+=(--singles $(printf -- '--config %s ' "${@:2}"))  # singles: the two convs
@@ -167,8 +169,7 @@ case "$1" in
                 # them unfused) and ResNet-50's batch-32 convs (TVM_B2B_HOPPER=all); 2-stage configs fit 2 blocks per SM
     P="bm=128,bn=128,stages=2 bm=128,bn=64,stages=3 bm=64,bn=128,stages=4 bm=64,bn=64,stages=4"
     TVM_B2B_HOPPER_PAIR=all timeout 290 python3 bench/bench_fused.py --singles --config default $(printf -- '--config %s ' $P) \
-      $(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done) \
-      $(for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done) \
+      $(dense_pair_cases) \
       --json "$out/fused_hopper_sweep.json" 2>&1 | tee "$out/fused_hopper_sweep.txt" | grep -v "^\s*$" | cut -c1-170
     C="bm=128,bn=128,stages=2 bm=128,bn=256,stages=2 bm=64,bn=128,stages=3 bm=64,bn=64,stages=4"
     TVM_B2B_HOPPER=all timeout 290 python3 bench/bench_convs.py --batch 32 \

@@ -7,7 +7,7 @@ does not run the generated code (tests/test_cuda_hopper_*.py's GPU tests do).
 Hardware models: TMA tiled mode (zero fill OOB, OOB not stored, 128B swizzle = XOR of address bits [4,7) with [7,10)),
 wgmma SS K-major SW128 canonical layout ((8,m),(8,2)):((8T,SBO),(1,T)) + Swizzle<3,4,3> (CUTLASS make_gmma_desc),
 C fragment layout CLayout_64xN (CUTLASS mma_traits_sm90_gmma.hpp). The halo form's operands start inside a swizzle atom:
-the model swizzles the absolute address, which the descriptor's base offset (set by the kernel) stands for."""
+the model swizzles the absolute address, as the H100 did with the descriptor's base offset left 0 (the kernel's)."""
 import dataclasses
 import os
 import sys

@@ -88,14 +88,15 @@ def plan(spec, target, fused: bool = True, config=None, policy: bool = False,
     config: the rule's parameters (None: its defaults); unfused=False: a plan that does not fuse has
     no kernels (the caller runs the op another way)."""
     info = target_info(target)
-    rule = rule_for(info, kind or kind_of(spec), spec)
+    kind = kind or kind_of(spec)
+    rule = rule_for(info, kind, spec)  # (first: it refuses a target kind without rules)
     if config is not None:
-        rule = _rule_taking(config, info, kind or kind_of(spec), spec) or rule
+        rule = _rule_taking(config, info, kind, spec) or rule
     reason = rule.can_implement(spec, info)
     if reason:
         raise ValueError(f"target: no {rule.name} schedule for this spec: {reason}")
     planned = rule.plan(spec, info, rule.parse_config(config), fused, policy, unfused)
-    planned.passed_over = "; ".join(f"{r.name}: {why}" for r, why in _passed_over(info, kind or kind_of(spec), spec, rule))
+    planned.passed_over = "; ".join(f"{r.name}: {why}" for r, why in _passed_over(info, kind, spec, rule))
     return planned
 
 

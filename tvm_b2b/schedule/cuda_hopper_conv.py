@@ -300,6 +300,17 @@ def second_tile_apart(x_elements: int, bm: int, bn2: int, chunks: int) -> bool:
     return chunks > 1 and bm * bn2 > x_elements
 
 
+def outputs(act, lo, hi, tiles, at, add_residual: bool):
+    """The epilogue's two channel values of an accumulator pair (scale and bias applied): act of them, plus the residual
+    tile's elements where they sit in the output tile (`at`) when add_residual. TIR expressions, for the kernel's
+    half2 store."""
+    from tvm.script import tirx as T
+
+    if add_residual:
+        return act(lo + T.Cast("float32", tiles[at])), act(hi + T.Cast("float32", tiles[at + 1]))
+    return act(lo), act(hi)
+
+
 @dataclass(frozen=True)
 class Second:
     """The fused pair's second GEMM (schedule/cuda_hopper_pair.py): a 1x1 conv of the first's output, which stays
@@ -370,6 +381,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     pool += bm * bn2 if y2_at else 0
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
+
+    def out_tile(jc):
+        """Where chunk jc's output tile starts: chunks alternate between the two tiles."""
+        return y_at + jc % 2 * (y2_at - y_at)
 
     @T.macro
     def load_residual(tiles, r_map, res_full, bi, at, channel, tile):
@@ -504,13 +519,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
                 out_row, pixel = T.meta_var((row, True) if fused else tiling.tile_row(row))
                 at = T.meta_var((mid_at if fused else y_at) + swizzled(out_row, ch, bm))
-                if residual and not fused and pixel:  # the residual tile's element sits where the output's goes
-                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
-                                     act(lo + T.Cast("float32", tiles[at])), act(hi + T.Cast("float32", tiles[at + 1])),
-                                     source_code=STORE_SOURCE)
-                elif pixel:
-                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), act(lo), act(hi),
-                                     source_code=STORE_SOURCE)
+                out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual and not fused))
+                if pixel:
+                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
             if fused:  # the second GEMM: mid (its warpgroup's rows) times w2's tiles, chunk by chunk of bn2 channels
                 T.ptx.fence.proxy.async_.shared__cta()  # mid's generic-proxy writes, visible to wgmma's reads
                 # every warpgroup's first GEMM done: x's buffers are free for the second output tile (y2_at)
@@ -518,7 +529,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 if residual and chunks > 1 and tx == 0:
                     load_residual(tiles, r_map, res_full, bi, y2_at, bn2, 1)
                 for jc in T.serial(chunks):
-                    y_tile = T.meta_var(y_at + jc % 2 * (y2_at - y_at))  # chunks alternate between the two tiles
+                    y_tile = T.meta_var(out_tile(jc))
                     for kc in T.serial(k1_steps):
                         g = T.meta_var(n_steps + jc * k1_steps + kc)
                         T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
@@ -556,12 +567,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                         hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
                         out_row, pixel = T.meta_var(tiling.tile_row(row))
                         at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
-                        if residual and pixel:
-                            T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]),
-                                             act2(lo + T.Cast("float32", tiles[at])),
-                                             act2(hi + T.Cast("float32", tiles[at + 1])), source_code=STORE_SOURCE)
-                        elif pixel:
-                            T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), act2(lo), act2(hi),
+                        out_lo, out_hi = T.meta_var(outputs(act2, lo, hi, tiles, at, residual))
+                        if pixel:
+                            T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi,
                                              source_code=STORE_SOURCE)
                     T.ptx.fence.proxy.async_.shared__cta()
                     T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
@@ -573,8 +581,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                         if jc + 1 < chunks:
                             T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
                             if residual and jc > 0:  # chunk jc + 1's residual, into it
-                                load_residual(tiles, r_map, res_full, bi, y_at + (jc + 1) % 2 * (y2_at - y_at),
-                                              (jc + 1) * bn2, (jc + 1) % 2)
+                                load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), (jc + 1) * bn2, (jc + 1) % 2)
                         else:
                             T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
         if not fused:

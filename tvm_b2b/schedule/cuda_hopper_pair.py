@@ -21,7 +21,7 @@ from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .cuda_hopper_conv import (BK, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
-                               kernel_func, measured_slower, second_tile_apart, spec_problem, x_buffers)
+                               kernel_func, measured_slower, second_tile_apart, spec_problem, steps, x_buffers)
 from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
@@ -39,7 +39,7 @@ def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
     buffers cannot hold it) and mid."""
     xs, x_rows = x_buffers(conv3x3_spec(spec), cfg)
     tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.bn)
-    stages = min(cfg.stages, 9 * -(-spec.c // BK))
+    stages = min(cfg.stages, steps(conv3x3_spec(spec)))
     return ((xs * x_rows + stages * max(spec.k1, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn + cfg.bm * spec.k1) * 2
 
 
