@@ -16,6 +16,7 @@
 #   [CASE=SPEC KERNEL=REGEX] bash bench/gpu_session.sh ncu [CFG...]   Nsight Compute of CASE (default N=32 56x56
 #                                            64->64->128; any op kind, e.g. a conv with KERNEL=conv), tuned record then each CFG
 #   bash bench/gpu_session.sh epilogue       the register epilogues: GPU tests, compare and ncu
+#   [CASES="SPEC ..."] bash bench/gpu_session.sh hopperncu   Nsight Compute of the Hopper pair (default config) on each case
 #   bash bench/gpu_session.sh halo           bench/experiments/halo_tile.py: one halo tile vs the template (stage 1, whole op), checked
 #   bash bench/gpu_session.sh hopper         sm_90's TMA + wgmma kernels (schedule/cuda_hopper_conv.py, cuda_hopper_pair.py): their GPU
 #                                            tests (vs numpy; models, ResNet-50 b1/b32 included, vs onnxruntime), then bench/experiments/hopper_conv1x1.py:
@@ -29,6 +30,8 @@
 #   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
 #                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
+#   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
+#                                            tree's under each VAR=V: a switch's A/B in one call
 #   [MODES="1 0"] bash bench/gpu_session.sh pairse2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER_PAIR of each of MODES
 #   bash bench/gpu_session.sh hoppere2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER=1 (the default), then 0, on the shipped records
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh convs CFG...   single convs (default: ResNet-50's) with the default and each CFG
@@ -228,6 +231,16 @@ case "$1" in
         --out "$out/e2e_dwcluster_$mode" 2>&1 | grep -v "^\s*$" | tail -25
     done
     ;;
+  envab)  # the Hopper pair's dense cases (hopperab's) with the default config on BASE's tree (if given), then on this tree
+           # under each assignment of ENVS (e.g. ENVS="TVM_B2B_PAIR_AHEAD=0 TVM_B2B_PAIR_AHEAD=1"): one call, one GPU
+    cases="$(dense_pair_cases)"
+    for run in ${BASE:+base} ${ENVS:-default}; do
+      tree=$([ "$run" = base ] && echo "$BASE" || echo .)
+      env $([ "$run" = base ] || [ "$run" = default ] || echo "$run") TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-150}" \
+        python3 "$tree/bench/bench_fused.py" $cases --config default --json "$out/fused_envab_${run//[=]/_}.json" 2>&1 \
+        | tee "$out/fused_envab_${run//[=]/_}.txt" | grep -v "^\s*$" | cut -c1-170
+    done
+    ;;
   pairse2e)  # bench_e2e with TVM_B2B_HOPPER_PAIR of each of MODES (default "1 0": the dense pairs fused on TMA + wgmma where its
               # policy takes them, then on the mma.sync template or as two convs, as before), on the shipped records
     for mode in ${MODES:-1 0}; do
@@ -249,6 +262,17 @@ case "$1" in
       timeout 100 ncu --clock-control none -k "regex:${KERNEL:-fused}" --launch-skip 1 --launch-count 1 $sections \
         python3 bench/profile_kernel.py --case "${CASE:-$N32}" $flag --source "$out/kernel_${cfg//[=,]/_}.cu" > "$out/ncu_${cfg//[=,]/_}.txt" 2>&1
       echo "== $cfg"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Shared Memory Config|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|^ *(OPT|WRN)" "$out/ncu_${cfg//[=,]/_}.txt" | head -40
+    done
+    ;;
+  hopperncu)  # Nsight Compute of the Hopper pair's default config on each of CASES (default: issue 17's three N=32 56x56
+              # targets, 64->64->256 +r first), with the scheduler and instruction sections; then the kernel's CUDA source
+    sections="--section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section InstructionStats --section Occupancy --section LaunchStats --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+    i=0
+    for case in ${CASES:-n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1 n=32,h=56,w=56,c=64,k1=64,k2=128 n=32,h=56,w=56,c=64,k1=64,k2=256}; do
+      i=$((i + 1))
+      TVM_B2B_HOPPER_PAIR=all timeout 120 ncu --clock-control none -k "regex:${KERNEL:-wgmma}" --launch-skip 1 --launch-count 1 \
+        $sections python3 bench/profile_kernel.py --case "$case,dtype=float16" --source "$out/kernel_$i.cu" > "$out/ncu_$i.txt" 2>&1
+      echo "== $case"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|Bank|Pipe|^ *(OPT|WRN)" "$out/ncu_$i.txt" | cut -c1-150 | head -60
     done
     ;;
   tunemodels)  # the models one after another until MIN minutes are spent (a rerun continues where it stopped)

@@ -1,7 +1,10 @@
 """schedule/cuda_hopper_pair.py: the fused 3x3 -> 1x1 pair on sm_90's TMA + wgmma (on where it measured faster).
 CPU: which pairs it takes and why not, the weights it is given, its kernel's instructions and an nvcc sm_90a
 compile. GPU (sm_90 only): the kernel vs numpy. What it measures: `bash bench/gpu_session.sh hopper`."""
+import dataclasses
+
 import numpy as np
+
 import pytest
 
 from cuda_source import compiles_for_sm90a, kernels, skip_unless_sm90
@@ -85,14 +88,19 @@ def test_pair_weights_are_each_output_channels_row():
 
 
 def test_default_config_fits_shared_memory():
-    """The most buffers that fit 227 KiB: 4 for a 7x7 k1=256 pair in 64-pixel tiles (bn=128); in 128-pixel tiles (bn=64)
-    3, the most there, for a 56x56 k1=64 pair and for k1=256 (rows of 100 pixels), where 4 would not fit."""
+    """The most buffers that fit 227 KiB, up to 3 in 128-pixel tiles (bn=64) and 4 in 64-pixel tiles (bn=128): 4 for a
+    7x7 k1=256 pair, 3 for a 56x56 k1=64 pair and for k1=256 in rows of 100 pixels (mid in registers leaves room)."""
     small, wide = spec_of("n=1,h=7,w=7,c=256,k1=256,k2=512"), spec_of("n=1,h=100,w=100,c=64,k1=256,k2=256")
     assert pair.default_config(small) == pair.HopperConfig(bm=64, bn=128, stages=4)
     assert pair.default_config(wide) == pair.HopperConfig(bm=128, bn=64, stages=3)
-    assert pair.shared_bytes(wide, pair.default_config(wide)) <= 227 * 1024 < pair.shared_bytes(
-        wide, pair.HopperConfig(bm=128, bn=64, stages=4))
     assert pair.default_config(spec_of("n=32,h=56,w=56,c=64,k1=64,k2=256")) == pair.HopperConfig(bm=128, bn=64, stages=3)
+    for case in ("n=1,h=7,w=7,c=256,k1=256,k2=512", "n=1,h=100,w=100,c=64,k1=256,k2=256", "n=32,h=14,w=14,c=256,k1=256,"
+                 "k2=1024,residual=1", "n=1,h=64,w=128,c=256,k1=256,k2=256", "n=32,h=56,w=56,c=64,k1=64,k2=64"):
+        spec = spec_of(case)
+        cfg = pair.default_config(spec)
+        most = 3 if cfg.bm == 128 else 4
+        assert pair.shared_bytes(spec, cfg) <= 227 * 1024, case
+        assert cfg.stages == most or pair.shared_bytes(spec, dataclasses.replace(cfg, stages=cfg.stages + 1)) > 227 * 1024
 
 
 def test_second_output_tile_goes_into_x_buffers_where_they_hold_it():

@@ -80,6 +80,30 @@ def c_layout(n):
     return res
 
 
+def a_layout():
+    """(thread 0..127, value v 0..7) -> (row, k) of wgmma m64k16's A fragment in registers (its register form), from
+    CUTLASS ALayout_64x16 (mma_traits_sm90_gmma.hpp): Shape ((4,8,4),(2,2,2)) Stride ((128,1,16),(64,8,512)) into
+    m + 64*k. Register i of the fragment holds values 2i, 2i + 1."""
+    res = {}
+    for t in range(128):
+        t0, t1, t2 = t % 4, (t // 4) % 8, t // 32
+        for v in range(8):
+            idx = t0 * 128 + t1 + t2 * 16 + v % 2 * 64 + v // 2 % 2 * 8 + v // 4 * 512
+            res[(t, v)] = (idx % 64, idx // 64)
+    return res
+
+
+def register_operand(mid, al, wg: int, kc: int, kk: int):
+    """The A operand (64 x 16) that warpgroup wg's threads hand wgmma from their mid registers for k-slice kk of
+    step kc: register i of thread t is mid register H.mid_register(kc, kk, i), placed where CUTLASS's layout says."""
+    out = np.full((64, 16), np.nan, np.float32)
+    for t in range(128):
+        for v in range(8):
+            row, col = al[(t, v)]
+            out[row, col] = mid[wg][t][H.mid_register(kc, kk, v // 2)][v % 2]
+    return out
+
+
 def kernel_assumed(t, j):
     """Where kernel_func's epilogue puts register j of thread t (H.fragment of its pair j // 2; j odd: the next channel)."""
     row, ch = H.fragment(t, 0, j // 2)
@@ -122,8 +146,7 @@ def emulate(spec, cfg, second=None, rng=None):
     xs, x_rows = H.x_buffers(spec, cfg)
     w_at = xs * x_rows * BK
     y_at = w_at + stages * b_rows * BK
-    mid_at = y_at + bm * bn2
-    pool = mid_at + (bm * k if fused else 0)
+    pool = y_at + bm * bn2
     residual = second.residual if fused else bool(spec.residual)
     act1, act2 = spec.act, (second.act if fused else spec.act)
 
@@ -139,6 +162,7 @@ def emulate(spec, cfg, second=None, rng=None):
     xf, wf, w2f, rf = x.reshape(-1), w.reshape(-1), w2.reshape(-1), r.reshape(-1)
     cl = c_layout(bn)
     cl2 = c_layout(bn2)
+    al = a_layout()
     for (t, j), v in cl.items():
         assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
 
@@ -170,17 +194,24 @@ def emulate(spec, cfg, second=None, rng=None):
                         with np.errstate(invalid="ignore"):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
             # epilogue 1
+            mid = [[{} for _ in range(128)] for _ in range(wgs)]  # per thread: mid register p -> its fp16 pair
+            if fused:
+                for wg in range(wgs):
+                    for t in range(128):
+                        for j in range(bn // 2):  # register j of pair j // 2: the value where CUTLASS puts it
+                            lr, lc = cl[(t, j)]
+                            _, ch = kernel_assumed(t, j)
+                            pre = acc[wg * 64 + lr, lc] * s[bk * bn + ch] + b[bk * bn + ch]
+                            mid[wg][t].setdefault(j // 2, [0.0, 0.0])[j % 2] = np.float16(act(pre, act1))
             if residual and not fused:
                 load_residual(smem, rf, ym, y_at, bm, bn, [bk * bn, *tiling.origin(bi)])
-            for row, ch, val in fragments(acc, cl, wgs, bn):
+            for row, ch, val in fragments(acc, cl, wgs, bn) if not fused else ():
                 pre = val * s[bk * bn + ch] + b[bk * bn + ch]
-                out_row, pixel = (row, True) if fused else tiling.tile_row(row)
+                out_row, pixel = tiling.tile_row(row)
                 if not pixel:
                     continue
                 at = H.swizzled(out_row, ch, bm)
-                if fused:
-                    smem[mid_at + at] = np.float16(act(pre, act1))
-                elif residual:  # the residual tile's element, where the output's goes
+                if residual:  # the residual tile's element, where the output's goes
                     smem[y_at + at] = np.float16(act(pre + smem[y_at + at], act1))
                 else:
                     smem[y_at + at] = np.float16(act(pre, act1))
@@ -197,7 +228,7 @@ def emulate(spec, cfg, second=None, rng=None):
                     smem_write_rows(smem, w_at + st * b_rows * BK, wa)
                     for wg in range(wgs):
                         for kk in range(4):
-                            A = desc_read(smem, mid_at + kc * bm * BK + wg * 64 * BK + kk * 16, 64)
+                            A = register_operand(mid, al, wg, kc, kk)
                             B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn2)
                             with np.errstate(invalid="ignore"):
                                 acc2[wg * 64:(wg + 1) * 64] = (acc2[wg * 64:(wg + 1) * 64] if kc * 4 + kk > 0 else 0) + A @ B.T

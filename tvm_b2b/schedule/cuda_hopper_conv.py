@@ -58,6 +58,16 @@ __forceinline__ __device__ void tvm_b2b_store_half2(half* at, float lo, float hi
   *reinterpret_cast<half2*>(at) = __floats2half2_rn(lo, hi);
 }
 """  # an accumulator pair (two adjacent channels) as one 4-byte shared store: half the epilogue's store instructions
+RESIDUAL_SOURCE = {part: f"""
+__forceinline__ __device__ float tvm_b2b_half2_{part}(half* at) {{ return __{part}2float(*reinterpret_cast<half2*>(at)); }}
+""" for part in ("low", "high")}  # the residual's two channels of an accumulator pair, from the output tile where TMA put them
+# (a function a source: codegen adds each call's source once per function name)
+PACK_SOURCE = """
+__forceinline__ __device__ unsigned tvm_b2b_pack_half2(float lo, float hi) {
+  half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+"""  # an accumulator pair as the fp16 pair of one A-fragment register of wgmma's register form (the pair's mid)
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,15 @@ def fragment(tx, wg, p):
     return wg * 64 + tx % 128 // 32 * 16 + tx % 32 // 4 + p % 2 * 8, p // 2 * 8 + tx % 4 * 2
 
 
+def mid_register(kc, kk, i):
+    """The pair's mid register (accumulator pair p of the first GEMM, packed: fragment) that is register i of wgmma's
+    A fragment for k-slice kk of the second GEMM's step kc (channels 64 kc + 16 kk on). The A fragment of m64k16 (PTX
+    ISA, wgmma register fragments) holds (row, col 2 (lane % 4) + {0, 1}), then row + 8, then col + 8, then both, the
+    rows of `fragment`: accumulator pairs 4j .. 4j + 3 of k-slice j = 4 kc + kk, in that order (FlashAttention-3 feeds
+    its P to the second GEMM the same way). Registers, not shared memory: no store, no proxy fence, no smem read."""
+    return 16 * kc + 4 * kk + i
+
+
 def swizzled(row, ch, bm: int):
     """The element offset of (row, channel) in a tile of 64-channel boxes of bm rows, 128B-swizzled as TMA reads and
     writes it and wgmma reads an operand: 16-byte chunk (ch % 64) / 8 of a row at chunk ((ch % 64) / 8) ^ (row % 8)."""
@@ -306,15 +325,18 @@ def outputs(act, lo, hi, tiles, at, add_residual: bool):
     half2 store."""
     from tvm.script import tirx as T
 
-    if add_residual:
-        return act(lo + T.Cast("float32", tiles[at])), act(hi + T.Cast("float32", tiles[at + 1]))
+    if add_residual:  # the pair as one 4-byte load (nvcc merges the two calls' loads of one address), not two 2-byte ones
+        r_lo, r_hi = (T.cuda.func_call(f"tvm_b2b_half2_{part}", T.address_of(tiles[at]), source_code=RESIDUAL_SOURCE[part],
+                                       return_type="float32") for part in ("low", "high"))
+        return act(lo + r_lo), act(hi + r_hi)
     return act(lo), act(hi)
 
 
 @dataclass(frozen=True)
 class Second:
     """The fused pair's second GEMM (schedule/cuda_hopper_pair.py): a 1x1 conv of the first's output, which stays
-    in shared memory (`mid`, the first's epilogue writes it as wgmma reads an operand), to k2 channels in chunks of bn2."""
+    in registers (`mid`: the first's accumulators as fp16 pairs, wgmma's A operand in its register form: see
+    mid_register), to k2 channels in chunks of bn2."""
 
     k2: int
     bn2: int
@@ -336,7 +358,7 @@ def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
 def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: str):
     """conv_func's kernel; with `second`, the fused pair's (x, w (k1, kh*kw*c), s, b, w2 (k2, k1), s2, b2,
     [residual (m, k2)], y (m, k2)): spec the first conv (its k all of k1, one block's channels: cfg.bn == spec.k),
-    its epilogue into `mid`, then per chunk of bn2 channels the second GEMM (64 channels of mid a step, w2's
+    its epilogue into `mid` (registers), then per chunk of bn2 channels the second GEMM (64 channels of mid a step, w2's
     tiles through the same buffers), its epilogue into one of two output tiles (chunks alternate) and its store,
     which runs on while the next chunk is computed. Its callers check what the spec and config take."""
     from tvm import tirx
@@ -375,8 +397,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     b_rows = max(bn, bn2) if fused else bn
     w_at = xs * x_rows * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
     y_at = w_at + stages * b_rows * BK
-    mid_at = y_at + bm * bn2  # the pair's mid: bm x k1, in 64-channel tiles as the output tile
-    pool = mid_at + (bm * k if fused else 0)
+    pool = y_at + bm * bn2
     y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks) else 0  # the pair's other output tile
     pool += bm * bn2 if y2_at else 0
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
@@ -393,6 +414,75 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         for box in T.serial(bn2 // 64):
             T.ptx[load](T.address_of(tiles[at + box * bm * 64]), T.address_of(r_map), channel + box * 64,
                         *tiling.origin(bi), T.address_of(res_full[tile]))
+
+    # nvcc's registers (H100 and H200 hold 2 blocks of 384 threads at 85 or fewer): 74 for a 56x56 k1=64 pair with 2
+    # chunks unrolled (100 in a loop), with 4 chunks 74 in a loop (90 unrolled)
+    chunk_loop = T.unroll if chunks <= 2 else T.serial
+
+    @T.macro
+    def chunk_gemm(tiles, full, empty, acc2, mid, desc_w, tx, jc):
+        """Chunk jc's second GEMM: mid's registers times w2's tiles, k1_steps steps; a step's buffer released once its
+        wgmma are done (with 2+ buffers a step later, as the first GEMM's steps: the last one's after the loop).
+        (Issuing the next chunk's GEMM into a second accumulator set before this chunk's epilogue measured slower: H100,
+        56x56 64->64->256 +r 75.1 vs 69.6 us, 14x14 256->256->1024 +r 35.1 vs 31.3; its registers halve the blocks
+        per SM at k1=64, bench/results/fused_envab_*_h100_s25.txt.)"""
+        for kc in T.unroll(k1_steps):  # unrolled: mid's registers are named, not indexed
+            g = T.meta_var(n_steps + jc * k1_steps + kc)
+            T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(BK // WGMMA_K):
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(
+                    tiles[w_at + g % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], *[mid[mid_register(kc, kk, i)] for i in range(4)],
+                            desc_w, kc * (BK // WGMMA_K) + kk > 0, 1, 1, 0)
+            T.ptx.wgmma.commit_group.sync.aligned()
+            if overlap:
+                T.ptx.wgmma.wait_group.sync.aligned(1)
+                if kc > 0 and tx % 32 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(g + stages - 1) % stages]))
+            else:
+                T.ptx.wgmma.wait_group.sync.aligned(0)
+                if tx % 32 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
+        if overlap:  # the chunk's last step
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            if tx % 32 == 0:
+                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps + (jc + 1) * k1_steps - 1) % stages]))
+
+    @T.macro
+    def chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_w, y_map, r_map, s2, b2, tx, bi, jc):
+        """Chunk jc: its second GEMM, its epilogue into output tile jc % 2, its TMA store."""
+        wg = T.meta_var(tx // 128)
+        y_tile = T.meta_var(out_tile(jc))
+        chunk_gemm(tiles, full, empty, acc2, mid, desc_w, tx, jc)
+        for i in T.unroll(acc2_regs):
+            T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
+        if residual:  # chunk jc's residual tile (loaded once the store of chunk jc - 2 had read the tile)
+            T.cuda.mbarrier_wait(T.address_of(res_full[jc % 2]), jc // 2 % 2)
+        elif jc > 1:  # thread 0 has seen the store of chunk jc - 2 read this tile
+            T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+        for p in T.unroll(acc2_regs // 2):
+            row, ch = T.meta_var(fragment(tx, wg, p))
+            lo = T.meta_var(acc2[2 * p] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
+            hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
+            out_row, pixel = T.meta_var(tiling.tile_row(row))
+            at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
+            out_lo, out_hi = T.meta_var(outputs(act2, lo, hi, tiles, at, residual))
+            if pixel:
+                T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+        if tx == 0:  # the store runs on while the next chunk is computed into the other tile
+            for box in T.serial(bn2 // 64):
+                T.ptx[store](T.address_of(y_map), jc * bn2 + box * 64, *tiling.origin(bi),
+                             T.address_of(tiles[y_tile + box * bm * 64]))
+            T.ptx.cp.async_.bulk.commit_group()
+            if jc + 1 < chunks:
+                T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
+                if residual and jc > 0:  # chunk jc + 1's residual, into it
+                    load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), (jc + 1) * bn2, (jc + 1) % 2)
+            else:
+                T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
 
     @T.prim_func
     def func(x_ptr: T.handle, w_ptr: T.handle, s_ptr: T.handle, b_ptr: T.handle, w2_ptr: T.handle, s2_ptr: T.handle,
@@ -430,6 +520,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         res_full = T.alloc_buffer((2,), "uint64", scope="shared", align=8)  # a residual tile in each output tile
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
+        mid = T.alloc_buffer((acc_regs // 2 if fused else 1,), "uint32", scope="local")  # the pair's mid (mid_register)
         desc_x: T.uint64  # TIRx declares a local scalar by annotation (linters see a name without a value)
         desc_w: T.uint64
         wg = T.meta_var(tx // 128)
@@ -511,79 +602,31 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             for i in T.unroll(acc_regs):
                 T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
             # accumulator pair p (fragment): two adjacent channels of one row, one half2 store into the swizzled tile
+            # (the output tile: its pixels' rows, Tiling.tile_row), or into one register of the pair's mid
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
-            for p in T.unroll(acc_regs // 2):  # mid: the GEMM's rows; the output tile: its pixels' (Tiling.tile_row)
+            for p in T.unroll(acc_regs // 2):
                 row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
                 hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
-                out_row, pixel = T.meta_var((row, True) if fused else tiling.tile_row(row))
-                at = T.meta_var((mid_at if fused else y_at) + swizzled(out_row, ch, bm))
-                out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual and not fused))
-                if pixel:
-                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
-            if fused:  # the second GEMM: mid (its warpgroup's rows) times w2's tiles, chunk by chunk of bn2 channels
-                T.ptx.fence.proxy.async_.shared__cta()  # mid's generic-proxy writes, visible to wgmma's reads
+                if fused:
+                    mid[p] = T.cuda.func_call("tvm_b2b_pack_half2", act(lo), act(hi), source_code=PACK_SOURCE,
+                                              return_type="uint32")
+                else:
+                    out_row, pixel = T.meta_var(tiling.tile_row(row))
+                    at = T.meta_var(y_at + swizzled(out_row, ch, bm))
+                    out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual))
+                    if pixel:
+                        T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi,
+                                         source_code=STORE_SOURCE)
+            if fused:  # the second GEMM: mid (its warpgroup's rows, registers) times w2's tiles, chunk by chunk of bn2
                 # every warpgroup's first GEMM done: x's buffers are free for the second output tile (y2_at)
                 T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                 if residual and chunks > 1 and tx == 0:
                     load_residual(tiles, r_map, res_full, bi, y2_at, bn2, 1)
-                for jc in T.serial(chunks):
-                    y_tile = T.meta_var(out_tile(jc))
-                    for kc in T.serial(k1_steps):
-                        g = T.meta_var(n_steps + jc * k1_steps + kc)
-                        T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
-                        T.ptx.wgmma.fence.sync.aligned()
-                        for kk in T.unroll(BK // WGMMA_K):
-                            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
-                                tiles[mid_at + kc * bm * BK + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
-                            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
-                                tiles[w_at + g % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
-                            T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], desc_x, desc_w,  # noqa: F821
-                                        kc * (BK // WGMMA_K) + kk > 0, 1, 1, 0, 0)
-                        T.ptx.wgmma.commit_group.sync.aligned()
-                        if overlap:  # as the first GEMM's steps: this one's wgmma in flight, the last one's buffer released
-                            T.ptx.wgmma.wait_group.sync.aligned(1)
-                            if kc > 0 and tx % 32 == 0:
-                                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(g + stages - 1) % stages]))
-                        else:
-                            T.ptx.wgmma.wait_group.sync.aligned(0)
-                            if tx % 32 == 0:
-                                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
-                    if overlap:  # the chunk's last step
-                        T.ptx.wgmma.wait_group.sync.aligned(0)
-                        last = T.meta_var(n_steps + (jc + 1) * k1_steps - 1)
-                        if tx % 32 == 0:
-                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[last % stages]))
-                    for i in T.unroll(acc2_regs):
-                        T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
-                    if residual:  # chunk jc's residual tile (loaded once the store of chunk jc - 2 had read the tile)
-                        T.cuda.mbarrier_wait(T.address_of(res_full[jc % 2]), jc // 2 % 2)
-                    elif jc > 1:  # thread 0 has seen the store of chunk jc - 2 read this tile
-                        T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                    for p in T.unroll(acc2_regs // 2):
-                        row, ch = T.meta_var(fragment(tx, wg, p))
-                        lo = T.meta_var(acc2[2 * p] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
-                        hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
-                        out_row, pixel = T.meta_var(tiling.tile_row(row))
-                        at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
-                        out_lo, out_hi = T.meta_var(outputs(act2, lo, hi, tiles, at, residual))
-                        if pixel:
-                            T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi,
-                                             source_code=STORE_SOURCE)
-                    T.ptx.fence.proxy.async_.shared__cta()
-                    T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                    if tx == 0:  # the store runs on while the next chunk is computed into the other tile
-                        for box in T.serial(bn2 // 64):
-                            T.ptx[store](T.address_of(y_map), jc * bn2 + box * 64, *tiling.origin(bi),
-                                         T.address_of(tiles[y_tile + box * bm * 64]))
-                        T.ptx.cp.async_.bulk.commit_group()
-                        if jc + 1 < chunks:
-                            T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
-                            if residual and jc > 0:  # chunk jc + 1's residual, into it
-                                load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), (jc + 1) * bn2, (jc + 1) % 2)
-                        else:
-                            T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
+                for jc in chunk_loop(chunks):
+                    chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_w, y_map, r_map, s2, b2,  # noqa: F821
+                                          tx, bi, jc)
         if not fused:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()

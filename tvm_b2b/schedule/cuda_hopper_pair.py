@@ -1,13 +1,16 @@
 """Hopper rule of the fused pair (op kind fused_conv3x3_conv1x1) on sm_90: cuda_hopper_conv's kernel with a second
 GEMM. The 3x3 conv's TMA + wgmma mainloop computes all k1 channels of a block's pixels (whole output rows);
-its epilogue writes them as fp16 into shared memory (`mid`) in the layout wgmma reads an operand from; then,
-per chunk of bn2 output channels, wgmma multiplies mid by w2's tiles (TMA, through the same buffers), and the
+its epilogue packs them as fp16 pairs into registers (`mid`), which are wgmma's A operand in its register form
+(the accumulator layout is the A fragment's: cuda_hopper_conv.mid_register); then, per chunk of bn2 output
+channels, wgmma multiplies mid by w2's tiles (TMA, through the same buffers), and the
 second epilogue (scale, bias, [residual], act) goes out by TMA. No intermediate in global memory, no im2col copy
 per tap (each tap is one TMA box of x, or one box for all taps in the halo form: Tiling). The chunks alternate
 between two output tiles, so that a chunk's store and the next chunk's residual read run while the next chunk is
 computed. No public library has this kernel on Hopper (CUTLASS's fused example stops at sm_80).
 
-Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3.
+Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3. Mid in
+registers rather than shared memory measured no faster (H100, bench/results/fused_envab_*_h100_s25.txt: 56x56 64->64->64
+25.6 vs 26.1 us, 64->64->256 +r 69.6 vs 67.5) but frees bm x k1 x 2 bytes of shared memory (32 KiB at k1=128) for buffers.
 ON by default on sm_90 (`TVM_B2B_HOPPER_PAIR=0` turns it off, `all` puts every pair it computes on it) where it measured
 faster than the pair's other forms: H100, batch 32 (bench/results/fused_hopper_pairs_h100_s23.txt, against the two convs
 as a model runs them unfused): 56x56 64->64->256 +r 67.4 us vs 84.7 (and vs cuda_wmma's fused kernel in ResNet-50, 64-67
@@ -35,12 +38,12 @@ def pair_problem(spec: FusedConvSpec) -> str | None:
 
 
 def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
-    """The operand buffers (x's tile and the larger of w1's and w2's), the output tile (and the other one where x's
-    buffers cannot hold it) and mid."""
+    """The operand buffers (x's tile and the larger of w1's and w2's) and the output tile (and the other one where x's
+    buffers cannot hold it); mid stays in registers."""
     xs, x_rows = x_buffers(conv3x3_spec(spec), cfg)
     tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.bn)
     stages = min(cfg.stages, steps(conv3x3_spec(spec)))
-    return ((xs * x_rows + stages * max(spec.k1, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn + cfg.bm * spec.k1) * 2
+    return ((xs * x_rows + stages * max(spec.k1, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn) * 2
 
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
