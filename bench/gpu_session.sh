@@ -29,6 +29,7 @@
 #                                            then on this tree's with each CFG: a change against its baseline in one call
 #   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
 #                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
+#   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
 #                                            tree's under each VAR=V: a switch's A/B in one call
@@ -167,6 +168,14 @@ case "$1" in
       $(for n in 1 8 32; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1,dtype=float16 "; done) \
       $(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done) \
       --json "$out/fused_singles.json" 2>&1 | tee "$out/fused_singles.txt" | grep -v "^\s*$" | cut -c1-170
+    ;;
+  pairdeep)  # the Hopper pair's pipeline depth (Nsight Compute, bench/results/ncu_hopper_pair_h100_s25_*.txt: latency-bound,
+             # long-scoreboard stalls, 3 buffers): the dense N=32 56x56 pairs and 28x28 +r with the default config and each of
+             # CFGS (default: the halo form's w ring 4-8 deep, which 2 blocks per SM still hold, and 64-pixel tiles)
+    P="${CFGS:-bm=128,bn=64,stages=4,halo=1 bm=128,bn=64,stages=6,halo=1 bm=128,bn=64,stages=8,halo=1 bm=64,bn=64,stages=6}"
+    TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-280}" python3 bench/bench_fused.py --config default $(printf -- '--config %s ' $P) \
+      $(dense_pair_cases | sed 's/--case n=32,h=14[^ ]*//') --json "$out/fused_pairdeep.json" 2>&1 | tee "$out/fused_pairdeep.txt" \
+      | grep -v "^\s*$" | cut -c1-170
     ;;
   hoppersweep)  # configs of the Hopper kernels: the pairs (TVM_B2B_HOPPER_PAIR=all; singles = the two convs as the model runs
                 # them unfused) and ResNet-50's batch-32 convs (TVM_B2B_HOPPER=all); 2-stage configs fit 2 blocks per SM
