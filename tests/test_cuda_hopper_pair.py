@@ -2,6 +2,7 @@
 CPU: which pairs it takes and why not, the weights it is given, its kernel's instructions and an nvcc sm_90a
 compile. GPU (sm_90 only): the kernel vs numpy. What it measures: `bash bench/gpu_session.sh hopper`."""
 import dataclasses
+import re
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from tvm_b2b.op.compute import PairForm
 from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule import plan, rule_for
 from tvm_b2b.schedule import cuda_hopper_pair as pair
-from tvm_b2b.schedule.cuda_hopper_conv import TIRX_ATTR
+from tvm_b2b.schedule.cuda_hopper_conv import PRODUCER_ENV, TIRX_ATTR, producer_threads
 from tvm_b2b.schedule.cuda_hopper_pair import PAIR_ENV
 from tvm_b2b.target import parse_target, target_info
 
@@ -138,6 +139,47 @@ def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
     spec = spec_of(case)
     kernel = build(spec, "cuda", config=config, db=None)
     arrays = random_inputs(spec, seed=5)
+    err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
+    assert ok, f"max abs error {err}"
+
+
+# one producer warp (producer_threads): the pair in the halo form with a residual, and a single 3x3 conv
+PRODUCER_WARP_CASES = [(CASES[7][0], CASES[7][1]), ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", None)]
+
+
+def any_spec(text: str):
+    from tvm_b2b.op.kind import parse_spec
+
+    return parse_spec(text + ",dtype=float16")
+
+
+@pytest.mark.parametrize("case,config", PRODUCER_WARP_CASES)
+def test_one_producer_warp_compiles(hopper_on, monkeypatch, tmp_path, case, config):
+    """TVM_B2B_HOPPER_PRODUCER=warp: blocks of 128 threads a consumer warpgroup plus 32 (the producer warp), nvcc asked
+    for as many blocks per SM as shared memory holds, and compiles them; anything but warp or warpgroup is refused."""
+    monkeypatch.setenv("TVM_B2B_HOPPER", "all")
+    monkeypatch.setenv(PRODUCER_ENV, "warp")
+    spec = any_spec(case)
+    kernel = build(spec, "cuda:sm_90", config=config, db=None)
+    source = kernel.source()
+    ((threads, min_blocks),) = {(int(t), int(b)) for t, b in re.findall(r"__launch_bounds__\((\d+), (\d+)\)", source)}
+    assert threads % 128 == 32 and threads > 128 and min_blocks in (2, 3)  # as many as shared memory holds
+    compiles_for_sm90a(source, tmp_path)
+    monkeypatch.setenv(PRODUCER_ENV, "warps")
+    with pytest.raises(ValueError, match="warpgroup or warp"):
+        producer_threads()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,config", PRODUCER_WARP_CASES)
+def test_one_producer_warp_matches_numpy_on_hopper(hopper_on, monkeypatch, case, config):
+    """On an sm_90 GPU, with one producer warp: within the op's float16 tolerance of numpy."""
+    skip_unless_sm90()
+    monkeypatch.setenv("TVM_B2B_HOPPER", "all")
+    monkeypatch.setenv(PRODUCER_ENV, "warp")
+    spec = any_spec(case)
+    kernel = build(spec, "cuda", config=config, db=None)
+    arrays = random_inputs(spec, seed=7)
     err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
     assert ok, f"max abs error {err}"
 

@@ -72,7 +72,8 @@ def _modules(module):
 
 
 # Environment variables that change the generated code (a build is cached per their values)
-CODE_ENV = ("TVM_B2B_CP_ASYNC", "TVM_B2B_HOPPER", "TVM_B2B_HOPPER_PAIR", "TVM_B2B_DW_CLUSTER", "TVM_B2B_DW_STAGED")
+CODE_ENV = ("TVM_B2B_CP_ASYNC", "TVM_B2B_HOPPER", "TVM_B2B_HOPPER_PAIR", "TVM_B2B_DW_CLUSTER", "TVM_B2B_DW_STAGED",
+            "TVM_B2B_HOPPER_PRODUCER")
 
 
 def _rewrite_cuda_source(code: str) -> str:

@@ -12,7 +12,7 @@ y (m, k) = act(conv(x, w) * s + b [+ residual]) as an implicit GEMM over the m =
 reduction in steps of 64 channels of one tap, w as (k, kh*kw*c) (InputForm's "kc" weights: both operands K-major
 in shared memory, as wgmma reads them); which pixels a block takes and how TMA reads them: Tiling.
 - a block computes `bm` pixel rows x `bn` channels: bm / 64 consumer warpgroups of wgmma m64n{bn}k16, one
-  producer warpgroup whose first thread issues the TMA copies (warp specialization);
+  producer warpgroup (or warp: producer_threads) whose first thread issues the TMA copies (warp specialization);
 - `stages` buffers of 64-channel steps (128-byte rows, 128B swizzle), each with a "full" mbarrier (TMA's
   transaction count) and an "empty" one (each consumer warp arrives once wgmma.wait_group says the step's
   multiplies are done; with 2+ buffers one step's stay in flight while the next is issued);
@@ -41,6 +41,7 @@ from ..op.conv import ConvSpec, InputForm
 from ..target import max_shared_bytes
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
+PRODUCER_ENV = "TVM_B2B_HOPPER_PRODUCER"  # "warpgroup" (default) or "warp": the producer's threads (producer_threads)
 SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
 MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
@@ -271,6 +272,26 @@ class Tiling:
 
 
 
+def producer_threads() -> int:
+    """The producer's threads: a warpgroup (128, CUTLASS's form, which setmaxnreg needs; this kernel does not use it)
+    or one warp (TVM_B2B_HOPPER_PRODUCER=warp: its first thread issues every copy either way). One warp frees 96 threads'
+    registers a block: at 74 registers, 3 blocks of 288 threads fit an SM's 64K registers, 2 of 384 (Nsight Compute,
+    bench/results/ncu_hopper_pair_h100_s25_*.txt: the pair is latency-bound at 2 blocks per SM). Not yet measured on
+    a GPU, hence not the default: `ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" bash
+    bench/gpu_session.sh envab`."""
+    mode = os.environ.get(PRODUCER_ENV, "warpgroup")
+    if mode not in ("warpgroup", "warp"):
+        raise ValueError(f"{PRODUCER_ENV}={mode}: warpgroup or warp")
+    return 32 if mode == "warp" else 128
+
+
+def blocks_per_sm(dynamic_bytes: int) -> int:
+    """The blocks an sm_90 SM's 228 KiB of shared memory hold (each also takes 1 KiB the driver reserves and 1 KiB of
+    mbarriers), at most 3. Asked of nvcc with one producer warp (__launch_bounds__(288, 3) keeps a block to 72 registers:
+    56x56 64->64->128, 75 -> 72 with 48 bytes spilled, ptxas -v)."""
+    return max(1, min(3, 228 * 1024 // (dynamic_bytes + 2048)))
+
+
 def steps(spec: ConvSpec) -> int:
     """Reduction steps: 64 channels of one tap each."""
     return spec.kh * spec.kw * -(-spec.c // BK)
@@ -373,7 +394,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     k1_steps, chunks = k // BK, k2 // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
     all_steps = n_steps + (chunks * k1_steps if fused else 0)
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
-    threads = 128 * (wgs + 1)
+    threads = 128 * wgs + producer_threads()  # the consumer warpgroups, then the producer (warp wgs * 4 on)
     tx_bytes = ((0 if halo else tiling.pixels) + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
     halo_bytes = tiling.width * (tiling.rows + spec.kh - 1) * BK * 2
     xs, x_rows = x_buffers(spec, cfg)  # x's buffers (the halo form's: of channel steps, beside the ring of w's)
@@ -400,6 +421,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     pool = y_at + bm * bn2
     y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks) else 0  # the pair's other output tile
     pool += bm * bn2 if y2_at else 0
+    min_blocks = blocks_per_sm(pool * 2) if producer_threads() == 32 else 1  # (one producer warp: as shared memory holds)
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
 
@@ -415,7 +437,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.ptx[load](T.address_of(tiles[at + box * bm * 64]), T.address_of(r_map), channel + box * 64,
                         *tiling.origin(bi), T.address_of(res_full[tile]))
 
-    # nvcc's registers (H100 and H200 hold 2 blocks of 384 threads at 85 or fewer): 74 for a 56x56 k1=64 pair with 2
+    # nvcc's registers (an H100 or H200 SM holds 2 blocks of 384 threads at 85 or fewer): 74 for a 56x56 k1=64 pair with 2
     # chunks unrolled (100 in a loop), with 4 chunks 74 in a loop (90 unrolled)
     chunk_loop = T.unroll if chunks <= 2 else T.serial
 
@@ -510,6 +532,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.call_packed("runtime.cuTensorMapEncodeTiled", r_map, "float16", 4, r.data, *y_map_args)
 
         T.device_entry()
+        if min_blocks > 1:  # __launch_bounds__(threads, min_blocks): nvcc keeps the registers to that many blocks an SM
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": min_blocks})
         bk, bi = T.cta_id([k // bn, tiling.blocks])
         tx = T.thread_id([threads])
         tiles = T.alloc_buffer((pool,), "float16", scope="shared.dyn", align=1024)
