@@ -29,6 +29,7 @@
 #                                            then on this tree's with each CFG: a change against its baseline in one call
 #   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
 #                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
+#   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab), pairdeep
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
@@ -168,6 +169,12 @@ case "$1" in
       $(for n in 1 8 32; do printf -- "--case n=$n,h=56,w=56,c=64,k1=64,k2=256,residual=1,dtype=float16 "; done) \
       $(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done) \
       --json "$out/fused_singles.json" 2>&1 | tee "$out/fused_singles.txt" | grep -v "^\s*$" | cut -c1-170
+    ;;
+  hopperexp)  # the s25 profile's experiments in one call (~6 min): the pair's GPU tests (one producer warp's included), one
+              # producer warp against a warpgroup (envab), then the w ring's depth (pairdeep); then make the winner the default
+    timeout 150 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py 2>&1 | tail -4
+    ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" LIMIT=110 bash "$0" envab
+    LIMIT=170 bash "$0" pairdeep
     ;;
   pairdeep)  # the Hopper pair's pipeline depth (Nsight Compute, bench/results/ncu_hopper_pair_h100_s25_*.txt: latency-bound,
              # long-scoreboard stalls, 3 buffers): the dense N=32 56x56 pairs and 28x28 +r with the default config and each of
