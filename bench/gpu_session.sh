@@ -29,7 +29,9 @@
 #                                            then on this tree's with each CFG: a change against its baseline in one call
 #   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
 #                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
-#   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab), pairdeep
+#   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab); hopperdeep: pairdeep under each
+#   [TRIALS=8] bash bench/gpu_session.sh hoppertune MIN   tune the Hopper pair's configs (tune.written) on the dense N=32 pairs,
+#                                            then bench_fused default vs tuned on that database
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
@@ -170,18 +172,31 @@ case "$1" in
       $(for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done) \
       --json "$out/fused_singles.json" 2>&1 | tee "$out/fused_singles.txt" | grep -v "^\s*$" | cut -c1-170
     ;;
-  hopperexp)  # the s25 profile's experiments in one call (~6 min): the pair's GPU tests (one producer warp's included), one
-              # producer warp against a warpgroup (envab), then the w ring's depth (pairdeep); then make the winner the default
+  hopperexp)  # the s25 profile's first experiment in one call (~4 min): the pair's GPU tests (one producer warp's included),
+              # one producer warp against a warpgroup (envab)
     timeout 150 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py 2>&1 | tail -4
     ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" LIMIT=110 bash "$0" envab
-    LIMIT=170 bash "$0" pairdeep
+    ;;
+  hopperdeep)  # the second (~6 min): the pipeline's depth and 64-pixel tiles (pairdeep) with one producer warp, then a warpgroup
+    for p in warp warpgroup; do TVM_B2B_HOPPER_PRODUCER=$p LIMIT=165 CFGS="${CFGS:-bm=128,bn=64,stages=4,halo=1 \
+bm=128,bn=64,stages=6,halo=1 bm=64,bn=64,stages=3 bm=64,bn=64,stages=4}" bash "$0" pairdeep; done
+    ;;
+  hoppertune)  # the written kernels' tuning (tune.written) on the dense N=32 pairs (dense_pair_cases): TRIALS configs each
+              # (default 8: the default and the configs one knob away) into .tune/db for at most MIN minutes (resumes; the
+              # database copied out), then bench_fused's default against tuned on it, numpy-checked (~9 min in all)
+    TVM_B2B_HOPPER_PAIR=all timeout $(( ${2:-5} * 60 + 60 )) python3 -m tvm_b2b tune $(dense_pair_cases | sed 's/--case/--spec/g') \
+      --target cuda --trials "${TRIALS:-8}" --db .tune/db --minutes "${2:-5}" 2>&1 | quiet | tee "$out/hoppertune.log" | grep -v "^\s*$"
+    mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
+    TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-200}" python3 bench/bench_fused.py --config default --config tuned --db .tune/db \
+      $(dense_pair_cases) --json "$out/fused_hoppertune.json" 2>&1 | tee "$out/fused_hoppertune.txt" | grep -v "^\s*$" | cut -c1-170
     ;;
   pairdeep)  # the Hopper pair's pipeline depth (Nsight Compute, bench/results/ncu_hopper_pair_h100_s25_*.txt: latency-bound,
              # long-scoreboard stalls, 3 buffers): the dense N=32 56x56 pairs and 28x28 +r with the default config and each of
              # CFGS (default: the halo form's w ring 4-8 deep, which 2 blocks per SM still hold, and 64-pixel tiles)
     P="${CFGS:-bm=128,bn=64,stages=4,halo=1 bm=128,bn=64,stages=6,halo=1 bm=128,bn=64,stages=8,halo=1 bm=64,bn=64,stages=6}"
+    tag="${TVM_B2B_HOPPER_PRODUCER:+_$TVM_B2B_HOPPER_PRODUCER}"  # (the producer's form, where set, names the files)
     TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-280}" python3 bench/bench_fused.py --config default $(printf -- '--config %s ' $P) \
-      $(dense_pair_cases | sed 's/--case n=32,h=14[^ ]*//') --json "$out/fused_pairdeep.json" 2>&1 | tee "$out/fused_pairdeep.txt" \
+      $(dense_pair_cases | sed 's/--case n=32,h=14[^ ]*//') --json "$out/fused_pairdeep$tag.json" 2>&1 | tee "$out/fused_pairdeep$tag.txt" \
       | grep -v "^\s*$" | cut -c1-170
     ;;
   hoppersweep)  # configs of the Hopper kernels: the pairs (TVM_B2B_HOPPER_PAIR=all; singles = the two convs as the model runs

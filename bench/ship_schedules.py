@@ -84,7 +84,8 @@ def main() -> int:
     specs = [parse_spec(s) for s in open(os.path.join(merged, "specs.txt")).read().split()]  # pairs and single convs
     specs = [s for s in specs if s not in dropped]
     # the workloads the specs build now: records of a kernel since changed (another PrimFunc) are not shipped
-    kept = database.prune(merged, tmp, args.top, [rule_for(target, kind_of(s), s).workload(s) for s in specs])
+    kept = database.prune(merged, tmp, args.top, [rule_for(target, kind_of(s), s).workload(s) for s in specs],
+                          {s.to_string() for s in specs})
     source = database.TuningDatabase(merged)
     # trials: those the shipped README counted, plus the records of the other (new) databases
     readme = os.path.join(out, "README.md")
@@ -92,7 +93,16 @@ def main() -> int:
     new = [database.TuningDatabase(db) for db in args.db if not (os.path.isdir(out) and os.path.samefile(db, out))]
     rows, shipped = [], []
     for spec in specs:
-        mod = rule_for(target, kind_of(spec), spec).workload(spec)
+        rule = rule_for(target, kind_of(spec), spec)
+        if database.written(rule):  # a written kernel's configs (tune.written)
+            best = source.best_written(spec.to_string(), arch, rule.kernel)
+            if best is not None:
+                shipped.append(spec)
+                trials = before.get(spec.to_string(), 0) + sum(len(db.written_for(spec.to_string(), arch, rule.kernel))
+                                                                for db in new)
+                rows.append(f"| `{spec.to_string()}` | {trials} | {best.us:.1f} | `{best.config}` ({rule.kernel}) |")
+            continue
+        mod = rule.workload(spec)
         best = database.best_record(source, mod, target)
         if best is not None:
             shipped.append(spec)
@@ -106,7 +116,9 @@ def main() -> int:
                 f"MetaSchedule JSON database (stock `ms.database.JSONDatabase` reads it), the {args.top} best records "
                 f"per workload, {kept} in all. Tuned {datetime.date.today()} with TVM {tvm.__version__} by "
                 f"`tvm-b2b tune` (XGBoost cost model, evolutionary search); times are MetaSchedule's runner "
-                f"(mean of 3 x 20 runs). Specs not listed build with the default parameters.\n\n| spec | trials measured | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n" + history)
+                f"(mean of 3 x 20 runs). The written kernels' configs (sm_90's TIRx kernels, named in the config column) are in "
+                f"`written_records.json`, each built, checked and timed the same way (tvm_b2b.tune.written). Specs not listed "
+                f"build with the default parameters.\n\n| spec | trials measured | best us | config |\n|---|---|---|---|\n" + "\n".join(rows) + "\n" + history)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     shutil.rmtree(merged, ignore_errors=True)

@@ -241,14 +241,45 @@ def test_model_with_wgmma_convs_matches_onnxruntime(hopper_on, wide_model, tmp_p
     np.testing.assert_allclose(got.astype(np.float32), want, atol=2e-2, rtol=2e-2)
 
 
-def test_tune_refuses_a_written_kernel(hopper_on):
-    """tune --spec of a conv that gets the Hopper kernel: a one-line reason (no trace to search or record)."""
+def test_tune_measures_a_written_kernel_on_a_local_gpu_only(hopper_on):
+    """tune --spec of a conv that gets the Hopper kernel: its configs are measured (tune.written), on a local GPU; through
+    --rpc, a one-line reason."""
     import argparse
 
     from tvm_b2b.cli import UserError, _specs_to_tune
 
-    with pytest.raises(UserError, match="written, not scheduled"):
-        _specs_to_tune(argparse.Namespace(model=None, spec=["n=32,h=14,w=14,c=1024,k=256"], only=None), SM90)
+    spec = ["n=32,h=14,w=14,c=1024,k=256"]
+    assert _specs_to_tune(argparse.Namespace(model=None, spec=spec, only=None, rpc=None), SM90) == [spec_of(spec[0])]
+    with pytest.raises(UserError, match="written, not scheduled.*local GPU only"):
+        _specs_to_tune(argparse.Namespace(model=None, spec=spec, only=None, rpc="127.0.0.1:9190"), SM90)
+
+
+def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model, tmp_path):
+    """Where the database holds the written kernels' records of a pair (the Hopper pair kernel) and of its two convs
+    (the Hopper conv kernel), the faster form runs: fused at 5 us against 3 + 4, as two convs at 9; tune --model tunes
+    the pair (its convs: tune --spec)."""
+    import argparse
+
+    from tvm_b2b.cli import _specs_to_tune
+    from tvm_b2b.frontend.model import analyze
+    from tvm_b2b.frontend.rewrite import pairs_of
+    from tvm_b2b.op.fused_pair import as_single_convs
+    from tvm_b2b.schedule import kind_of, rule_for
+    from tvm_b2b.target import target_info
+    from tvm_b2b.tune.database import TuningDatabase, WrittenRecord
+
+    (pair,) = pairs_of(analyze(wide_model, SM90, dtype="float16", db=None)[1])
+    halves = as_single_convs(pair.spec)
+    specs = _specs_to_tune(argparse.Namespace(model=wide_model, spec=None, only=None, rpc=None), SM90)
+    assert pair.fused and pair.spec in specs, specs
+    for fused_us, fuses in ((5.0, True), (9.0, False)):
+        db = TuningDatabase(tmp_path / str(fused_us), lock=True)
+        for spec, us in zip((pair.spec, *halves), (fused_us, 3.0, 4.0)):
+            rule = rule_for(SM90, kind_of(spec), spec)
+            config = rule.default_config(spec, target_info(SM90)).to_string()
+            db.commit_written(WrittenRecord(spec.to_string(), "sm_90", rule.kernel, config, us))
+        (measured,) = pairs_of(analyze(wide_model, SM90, dtype="float16", db=str(tmp_path / str(fused_us)))[1])
+        assert measured.fused == fuses and (fuses or "measured faster as two single convs" in measured.reason), measured.reason
 
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),

@@ -14,7 +14,7 @@ from tvm_b2b.op.compute import PairForm
 from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule import plan, rule_for
 from tvm_b2b.schedule import cuda_hopper_pair as pair
-from tvm_b2b.schedule.cuda_hopper_conv import PRODUCER_ENV, TIRX_ATTR, producer_threads
+from tvm_b2b.schedule.cuda_hopper_conv import PRODUCER_ENV, TIRX_ATTR, producer_default
 from tvm_b2b.schedule.cuda_hopper_pair import PAIR_ENV
 from tvm_b2b.target import parse_target, target_info
 
@@ -143,8 +143,9 @@ def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
     assert ok, f"max abs error {err}"
 
 
-# one producer warp (producer_threads): the pair in the halo form with a residual, and a single 3x3 conv
-PRODUCER_WARP_CASES = [(CASES[7][0], CASES[7][1]), ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", None)]
+# one producer warp (producer_threads): the pair in the halo form with a residual (a config with warp=1), and a single
+# 3x3 conv (its default config, with TVM_B2B_HOPPER_PRODUCER=warp)
+PRODUCER_WARP_CASES = [(CASES[7][0], CASES[7][1] + ",warp=1"), ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", None)]
 
 
 def any_spec(text: str):
@@ -155,8 +156,9 @@ def any_spec(text: str):
 
 @pytest.mark.parametrize("case,config", PRODUCER_WARP_CASES)
 def test_one_producer_warp_compiles(hopper_on, monkeypatch, tmp_path, case, config):
-    """TVM_B2B_HOPPER_PRODUCER=warp: blocks of 128 threads a consumer warpgroup plus 32 (the producer warp), nvcc asked
-    for as many blocks per SM as shared memory holds, and compiles them; anything but warp or warpgroup is refused."""
+    """warp=1 (TVM_B2B_HOPPER_PRODUCER=warp: the default configs'): blocks of 128 threads a consumer warpgroup plus 32 (the
+    producer warp), nvcc asked for as many blocks per SM as shared memory holds, and compiles them; anything but warp or
+    warpgroup is refused."""
     monkeypatch.setenv("TVM_B2B_HOPPER", "all")
     monkeypatch.setenv(PRODUCER_ENV, "warp")
     spec = any_spec(case)
@@ -167,7 +169,7 @@ def test_one_producer_warp_compiles(hopper_on, monkeypatch, tmp_path, case, conf
     compiles_for_sm90a(source, tmp_path)
     monkeypatch.setenv(PRODUCER_ENV, "warps")
     with pytest.raises(ValueError, match="warpgroup or warp"):
-        producer_threads()
+        producer_default()
 
 
 @pytest.mark.gpu

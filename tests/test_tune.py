@@ -605,3 +605,93 @@ def test_cuda_intrinsics_import_alone_then_the_whole_package():
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-1500:]
+
+
+# -- the written kernels (sm_90's TIRx kernels): their configs measured whole (tune.written) ---------------------------
+HOPPER_PAIR = FusedConvSpec.parse("n=32,h=56,w=56,c=64,k1=64,k2=128,dtype=float16")
+HOPPER_CONV = ConvSpec.parse("n=32,h=28,w=28,c=128,k=128,kh=3,kw=3,pad_h=1,pad_w=1,dtype=float16")
+DEPTHWISE_PAIR = FusedConvSpec.parse("n=1,h=14,w=14,c=384,k1=384,k2=96,groups=384,dtype=float16")
+
+
+def _written_rules():
+    from tvm_b2b.schedule import cuda_cluster_dw_pair, cuda_hopper_conv, cuda_hopper_pair
+
+    return [(cuda_hopper_pair.RULE, HOPPER_PAIR), (cuda_hopper_conv.RULE, HOPPER_CONV), (cuda_cluster_dw_pair.RULE, DEPTHWISE_PAIR)]
+
+
+@pytest.mark.parametrize("index", range(3), ids=["hopper_pair", "hopper_conv", "cluster_pair"])
+def test_written_kernels_tuning_space(index):
+    """A written kernel's candidates: its default first, then the fewest knobs away from it first; each one the kernel
+    takes on sm_90 (shapes, shared memory), none building the same kernel as another, each text parsing back; every
+    searched knob varies (the Hopper kernels' producer warp and halo form, the cluster's sizes and steps)."""
+    rule, spec = _written_rules()[index]
+    info = target_info(parse_target("cuda:sm_90"))
+    found = rule.candidates(spec, info)
+    default = rule.default_config(spec, info)
+    assert found[0] == default and len(found) > 8
+    assert len({rule.built(spec, c) for c in found}) == len(found)
+    assert all(rule.config_problem(spec, c, 90) is None and rule.parse_config(c.to_string()) == c for c in found)
+    distance = [sum(getattr(c, f) != getattr(default, f) for f in rule.searched(spec)) for c in found]
+    assert distance == sorted(distance) and distance[1] == 1
+    for knob, values in rule.searched(spec).items():
+        assert len({getattr(c, knob) for c in found}) > 1 or len(values) == 1, knob
+
+
+def _written(spec_text, kernel, config, us, arch="sm_90", error=""):
+    return database.WrittenRecord(spec_text, arch, kernel, config, us, error)
+
+
+def test_written_records_choose_the_build_and_ship(tmp_path):
+    """A written kernel's records: the build takes the fastest valid config of its spec on its arch (not a failed one,
+    nor another arch's or spec's), a reopened database sees a new record, a torn last line is dropped, and
+    ship_schedules keeps the best of each spec."""
+    target, text = parse_target("cuda:sm_90"), HOPPER_PAIR.to_string()
+    db = database.TuningDatabase(tmp_path / "db", lock=True)
+    for record in (_written(text, "Hopper", "bm=128,bn=64,stages=3,halo=1", 36.0),
+                   _written(text, "Hopper", "bm=64,bn=64,stages=6", None, error="wrong result"),
+                   _written(text, "Hopper", "bm=128,bn=64,stages=4,halo=1,warp=1", 31.0),
+                   _written(text, "Hopper", "bm=64,bn=128,stages=2", 5.0, arch="sm_100"),
+                   _written(OTHER.to_string(), "Hopper", "bm=64,bn=64,stages=2", 1.0)):
+        db.commit_written(record)
+    database.record_specs(tmp_path / "db", [HOPPER_PAIR])
+    fastest = "bm=128,bn=64,stages=4,halo=1,warp=1"
+    assert resolve_config(HOPPER_PAIR, target, True, None, tmp_path / "db").to_string() == fastest
+    assert database.best_us(HOPPER_PAIR, target, tmp_path / "db") == 31.0
+    assert resolve_config(HOPPER_PAIR, target, False, None, tmp_path / "db") is None  # two kernels: the template's
+    assert build(HOPPER_PAIR, "cuda:sm_90", db=tmp_path / "db").config.to_string() == fastest
+    db.commit_written(_written(text, "Hopper", "bm=128,bn=64,stages=6,halo=1", 30.0))
+    assert resolve_config(HOPPER_PAIR, target, True, None, tmp_path / "db").stages == 6  # reopened: the new record
+    path = tmp_path / "db" / database.WRITTEN
+    path.write_bytes(path.read_bytes() + b'{"spec": "n=32,h=56')  # an append cut short
+    assert len(database.TuningDatabase(tmp_path / "db").written_for(text, "sm_90", "Hopper")) == 4
+    run = subprocess.run([sys.executable, "bench/ship_schedules.py", str(tmp_path / "db"), "--top", "2", "--gpu", "NVIDIA H200",
+                          "--arch", "sm_90", "--out", str(tmp_path / "shipped")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-1500:]
+    shipped = database.TuningDatabase(tmp_path / "shipped")
+    assert [r.us for r in shipped.written_for(text, "sm_90", "Hopper")] == [30.0, 31.0]  # the 2 best valid ones
+    assert f"| `{text}` | 4 | 30.0 | `bm=128,bn=64,stages=6,halo=1` (Hopper) |" in (tmp_path / "shipped" / "README.md").read_text()
+
+
+@pytest.mark.gpu
+def test_tuning_a_written_kernel_measures_its_candidates(tmp_path, monkeypatch):
+    """On an sm_90 GPU: tune measures the Hopper pair's candidates, the default first, each checked against numpy; a
+    rerun measures only what the database lacks; the build then takes the fastest and matches numpy."""
+    from cuda_source import skip_unless_sm90
+    from tvm_b2b.op.reference import compare, random_inputs, reference
+    from tvm_b2b.tune.tuner import tune_spec
+
+    skip_unless_sm90()
+    monkeypatch.setenv("TVM_B2B_HOPPER_PAIR", "all")  # (a pair this small runs on the template by default)
+    spec, target = FusedConvSpec.parse("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1,dtype=float16"), parse_target("cuda")
+    db = database.TuningDatabase(tmp_path / "db", lock=True)
+    result = tune_spec(spec, target, db, 3, work_dir=str(tmp_path / "logs"), label="[1/1]")
+    records = db.written_for(spec.to_string(), "sm_90", "Hopper")
+    assert result["trials"] == 3 and len(records) == 3 and all(r.us for r in records), records
+    rule = rule_for(target, kind_of(spec), spec)
+    assert {r.config for r in records} == {c.to_string() for c in rule.candidates(spec, target_info(target))[:3]}
+    assert tune_spec(spec, target, db, 4, work_dir=str(tmp_path / "logs"))["trials"] == 4  # one more, not four
+    kernel = build(spec, "cuda", db=tmp_path / "db")
+    assert kernel.config.to_string() == db.best_written(spec.to_string(), "sm_90", "Hopper").config
+    arrays = random_inputs(spec, seed=3)
+    err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
+    assert ok, f"max abs error {err}"

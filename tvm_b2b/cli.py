@@ -147,20 +147,21 @@ def _specs_to_tune(args, target) -> list:
     decides what a build runs), each group the most work first; --only keeps the pairs or the convs. A
     conv on a rule without parameters (CUDA cores) is measured once, for that decision. Not tuned: a
     single conv whose default splits its reduction over two kernels (a tuned config runs whole, and the
-    split is not searched yet), or whose kernel is written rather than scheduled (the Hopper rule's: no
-    MetaSchedule trace to search or record): --spec of one is a one-line error."""
+    split is not searched yet); with --rpc, one whose kernel is written rather than scheduled (sm_90's TIRx kernels,
+    whose configs tune.written measures on a local GPU): --spec of one is a one-line error."""
     from .frontend.model import analyze
     from .frontend.rewrite import pairs_of
     from .op.kind import parse_spec
     from .op.spec import OP_KIND as PAIR
-    from .schedule import kind_of, plan
+    from .schedule import kind_of, plan, rule_for
+    from .tune.database import written
 
     def untunable(spec, planned) -> str | None:
         if kind_of(spec) != PAIR and len(planned.kernels) > 1:
             return "by default it splits its reduction over two kernels (split-K), which tuning does not search yet"
-        if not planned.schedules:
-            return ("its kernel is written, not scheduled (sm_90's TIRx kernels: TMA + wgmma, the cluster pair): nothing to "
-                    "search (TVM_B2B_HOPPER=0, TVM_B2B_HOPPER_PAIR=0 or TVM_B2B_DW_CLUSTER=0 leave it to the template, which has)")
+        if not planned.schedules and (getattr(args, "rpc", None) or not written(rule_for(target, kind_of(spec), spec))):
+            return ("its kernel is written, not scheduled (sm_90's TIRx kernels: TMA + wgmma, the cluster pair): its configs "
+                    "are measured on a local GPU only, not through --rpc")
         return None
 
     if not args.model:

@@ -30,6 +30,7 @@ kc, warps), not searched.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..lower import TIRX_ATTR
@@ -410,6 +411,16 @@ class ClusterDepthwisePairRule(WrittenPairRule):
     name = "cluster depthwise pair (sm_90)"
     kernel, needs = "cluster", "thread-block clusters and distributed shared memory"
     switch, default = ENABLE_ENV, "1"
+    config_type = ClusterConfig
+
+    def searched(self, spec: FusedConvSpec) -> dict[str, tuple]:
+        """What tuning measures (candidates): every cluster size that splits k1, the slice whole or in steps of 16-64
+        channels, 4 or 8 warps."""
+        return {"bm": (16, 32, 64), "cs": tuple(cluster_sizes(spec)), "kc": (0, 16, 32, 48, 64), "warps": (4, 8)}
+
+    def built(self, spec: FusedConvSpec, cfg: ClusterConfig) -> ClusterConfig:
+        """A step of the whole slice is the whole slice (kc=0)."""
+        return dataclasses.replace(cfg, kc=0) if cfg.kc == slice_channels(spec, cfg) else cfg
 
     def problem(self, spec: FusedConvSpec) -> str | None:
         return spec_problem(spec)

@@ -32,8 +32,9 @@ in the halo form where `halo_wins`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..lower import TIRX_ATTR
 from ..op.activation import activation
@@ -77,21 +78,29 @@ class HopperConfig:
     bn: int = 128  # output channels per block: wgmma's n (64, 128 or 256)
     stages: int = 4  # operand buffers (at most one per reduction step is allocated)
     halo: int = 0  # 1: one box of x for all taps of a 64-channel step (Tiling's halo form), stride-1 convs
+    warp: int = 0  # 1: the producer is one warp, not a warpgroup (producer_threads)
 
     def to_string(self) -> str:
-        return f"bm={self.bm},bn={self.bn},stages={self.stages}" + (",halo=1" if self.halo else "")
+        return f"bm={self.bm},bn={self.bn},stages={self.stages}" + (",halo=1" if self.halo else "") + (
+            ",warp=1" if self.warp else "")
 
     @classmethod
     def parse(cls, text: str) -> "HopperConfig":
         values = dict(item.split("=") for item in text.replace(" ", "").split(",") if item)
-        unknown = set(values) - {"bm", "bn", "stages", "halo"}
+        unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages, "
-                             "halo) nor of the mma.sync template's, the kernels that run this op")
+                             "halo, warp) nor of the mma.sync template's, the kernels that run this op")
         cfg = cls(**{k: int(v) for k, v in values.items()})
-        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or cfg.halo not in (0, 1):
-            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo 0 or 1")
+        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or {cfg.halo, cfg.warp} - {0, 1}:
+            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo and warp "
+                             "0 or 1")
         return cfg
+
+    @classmethod
+    def default(cls, **knobs) -> "HopperConfig":
+        """A default config: the knobs given, and the producer TVM_B2B_HOPPER_PRODUCER names (producer_default)."""
+        return cls(**knobs, warp=producer_default())
 
 
 def spec_problem(spec: ConvSpec) -> str | None:
@@ -163,12 +172,12 @@ def default_config(spec: ConvSpec) -> HopperConfig:
     128-pixel tiles where `halo_wins`."""
     bn = 256 if steps(spec) <= 2 and spec.k % 256 == 0 else 128 if spec.k % 128 == 0 else 64
     if halo_wins(spec):
-        return HopperConfig(bm=128, bn=bn, halo=1)
+        return HopperConfig.default(bm=128, bn=bn, halo=1)
     if flat(spec):
-        return HopperConfig(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn)
+        return HopperConfig.default(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn)
     if spec.wo > 64:
-        return HopperConfig(bn=bn)
-    return HopperConfig(bm=64 if Tiling(spec, 64).used >= Tiling(spec, 128).used else 128, bn=bn)
+        return HopperConfig.default(bn=bn)
+    return HopperConfig.default(bm=64 if Tiling(spec, 64).used >= Tiling(spec, 128).used else 128, bn=bn)
 
 
 @dataclass(frozen=True)
@@ -272,17 +281,22 @@ class Tiling:
 
 
 
-def producer_threads() -> int:
-    """The producer's threads: a warpgroup (128, CUTLASS's form, which setmaxnreg needs; this kernel does not use it)
-    or one warp (TVM_B2B_HOPPER_PRODUCER=warp: its first thread issues every copy either way). One warp frees 96 threads'
-    registers a block: at 74 registers, 3 blocks of 288 threads fit an SM's 64K registers, 2 of 384 (Nsight Compute,
-    bench/results/ncu_hopper_pair_h100_s25_*.txt: the pair is latency-bound at 2 blocks per SM). Not yet measured on
-    a GPU, hence not the default: `ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" bash
-    bench/gpu_session.sh envab`."""
+def producer_default() -> int:
+    """HopperConfig.warp of the default configs: TVM_B2B_HOPPER_PRODUCER=warp (1) or warpgroup (0, unset)."""
     mode = os.environ.get(PRODUCER_ENV, "warpgroup")
     if mode not in ("warpgroup", "warp"):
         raise ValueError(f"{PRODUCER_ENV}={mode}: warpgroup or warp")
-    return 32 if mode == "warp" else 128
+    return int(mode == "warp")
+
+
+def producer_threads(cfg: HopperConfig) -> int:
+    """The producer's threads: a warpgroup (128, CUTLASS's form, which setmaxnreg needs; this kernel does not use it)
+    or one warp (warp=1: its first thread issues every copy either way). One warp frees 96 threads' registers a
+    block: at 74 registers, 3 blocks of 288 threads fit an SM's 64K registers, 2 of 384 (Nsight Compute,
+    bench/results/ncu_hopper_pair_h100_s25_*.txt: the pair is latency-bound at 2 blocks per SM). Not yet measured on
+    a GPU, hence not the default: `ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" bash
+    bench/gpu_session.sh envab`; tuning searches both (candidates)."""
+    return 32 if cfg.warp else 128
 
 
 def blocks_per_sm(dynamic_bytes: int) -> int:
@@ -365,12 +379,24 @@ class Second:
     residual: bool
 
 
+def memory_problem(needed: int, cfg: HopperConfig, arch: int) -> str | None:
+    """Why a config's `needed` bytes of dynamic shared memory do not fit sm_`arch`'s, or None."""
+    if needed > max_shared_bytes(arch):
+        return f"{cfg.to_string()} needs {needed // 1024} KiB of shared memory"
+    return None
+
+
+def conv_config_problem(spec: ConvSpec, cfg: HopperConfig) -> str | None:
+    """Why the kernel cannot compute this conv with these parameters (shared memory aside), or None."""
+    return spec_problem(spec) or (spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
+        not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
+        cfg.halo and halo_problem(spec, cfg.bm)) or None
+
+
 def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
     """The kernel as a TIRx PrimFunc (x (n, h, w, c), w (k, kh*kw*c), s, b, [residual (m, k)], y (m, k)): the
     parameters of cuda_conv's kernel, with w as InputForm(weights="kc") makes it."""
-    problem = spec_problem(spec) or (spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
-        not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
-        cfg.halo and halo_problem(spec, cfg.bm))
+    problem = conv_config_problem(spec, cfg)
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
     return kernel_func(spec, cfg, None, name)
@@ -394,7 +420,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     k1_steps, chunks = k // BK, k2 // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
     all_steps = n_steps + (chunks * k1_steps if fused else 0)
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
-    threads = 128 * wgs + producer_threads()  # the consumer warpgroups, then the producer (warp wgs * 4 on)
+    threads = 128 * wgs + producer_threads(cfg)  # the consumer warpgroups, then the producer (warp wgs * 4 on)
     tx_bytes = ((0 if halo else tiling.pixels) + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
     halo_bytes = tiling.width * (tiling.rows + spec.kh - 1) * BK * 2
     xs, x_rows = x_buffers(spec, cfg)  # x's buffers (the halo form's: of channel steps, beside the ring of w's)
@@ -421,7 +447,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     pool = y_at + bm * bn2
     y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks) else 0  # the pair's other output tile
     pool += bm * bn2 if y2_at else 0
-    min_blocks = blocks_per_sm(pool * 2) if producer_threads() == 32 else 1  # (one producer warp: as shared memory holds)
+    min_blocks = blocks_per_sm(pool * 2) if cfg.warp else 1  # (one producer warp: as shared memory holds)
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
 
@@ -672,13 +698,20 @@ class HopperRule:
     """What the Hopper rules share: sm_90 only; a switch (`switch`, `default` when unset): "1" on where the kernel
     measured faster than the template's (`slower` says where not), "all" on wherever it computes the spec (benchmarks,
     tests), anything else off; `optional` (for some specs only: rule_for falls back past them to the template's rule,
-    and its reasons); parameters given, not searched."""
+    and its reasons); parameters not searched by MetaSchedule (the kernel is written, not scheduled) but measured
+    whole, each of `candidates` (tune.written)."""
 
     name = "Hopper TMA + wgmma"
     kernel, needs = "Hopper", "wgmma and TMA"  # what reasons call the kernel, and the sm_90 features it needs
     knobs: dict = {}
     optional = True
     switch, default = ENABLE_ENV, "1"
+    config_type = HopperConfig
+
+    def searched(self, spec) -> dict[str, tuple]:
+        """The knobs' values that tuning measures (candidates): stages beyond 6 measured no faster (H100, pairdeep),
+        and a single buffer leaves the copies unoverlapped."""
+        return {"bm": (64, 128), "bn": (64, 128, 256), "stages": (2, 3, 4, 6), "halo": (0, 1), "warp": (0, 1)}
 
     def problem(self, spec) -> str | None:
         """Why the kernel cannot compute the spec, or None."""
@@ -687,6 +720,19 @@ class HopperRule:
     def slower(self, spec) -> str | None:
         """Where the kernel measured slower than the template's (its default config), or None."""
         raise NotImplementedError
+
+    def config_problem(self, spec, cfg: HopperConfig, arch: int) -> str | None:
+        """Why the kernel cannot compute the spec with these parameters on sm_`arch`, or None."""
+        raise NotImplementedError
+
+    def built(self, spec, cfg):
+        """What the kernel is built from (candidates count configs that build the same kernel once): the buffers, at
+        most one a step of the 3x3's reduction (kernel_func allocates no more)."""
+        return dataclasses.replace(cfg, stages=min(cfg.stages, steps(self.first_conv(spec))))
+
+    def first_conv(self, spec) -> ConvSpec:
+        """The (first) conv whose reduction the mainloop runs."""
+        return spec
 
     def measured_slower(self, spec, info) -> str | None:
         """Why this rule, on and able to compute the spec on this target, leaves it to the template (for `report`)."""
@@ -704,6 +750,24 @@ class HopperRule:
     def parse_config(self, config):
         return HopperConfig.parse(config) if isinstance(config, str) else config
 
+    def candidates(self, spec, info) -> list:
+        """What `tvm-b2b tune` measures for the spec (tune.written): every config of `searched` that the kernel takes on
+        the target, the default first, then the fewest knobs away from it first (a run that --trials cuts short has
+        measured the nearest); configs that build the same kernel count once."""
+        default = self.default_config(spec, info)
+
+        def distance(cfg):
+            return sum(getattr(cfg, f.name) != getattr(default, f.name) for f in fields(cfg))
+
+        knobs = self.searched(spec)
+        seen, found = {self.built(spec, default)}, []
+        for values in itertools.product(*knobs.values()):
+            cfg = self.config_type(**dict(zip(knobs, values)))
+            if self.built(spec, cfg) not in seen and not self.config_problem(spec, cfg, info.arch):
+                seen.add(self.built(spec, cfg))
+                found.append(cfg)
+        return [default] + sorted(found, key=distance)
+
 
 class HopperConvRule(HopperRule):
     """sm_90 convs on TMA + wgmma."""
@@ -715,11 +779,15 @@ class HopperConvRule(HopperRule):
         cfg = default_config(spec)
         return measured_slower(spec, spec.k // cfg.bn * Tiling(spec, cfg.bm).blocks)
 
+    def config_problem(self, spec: ConvSpec, cfg: HopperConfig, arch: int) -> str | None:
+        return memory_problem(shared_bytes(spec, cfg), cfg, arch) or conv_config_problem(spec, cfg)
+
     def default_config(self, spec: ConvSpec, info) -> HopperConfig:
         return default_config(spec)
 
     def workload(self, spec: ConvSpec):
-        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
+        """The PrimFunc of the default config as an IRModule ("main"): the workload that shipping names (a written kernel's
+        records key on its spec: tune.written)."""
         import tvm
 
         return tvm.IRModule({"main": conv_func(spec, default_config(spec))})
@@ -728,8 +796,9 @@ class HopperConvRule(HopperRule):
         from . import Plan
 
         cfg = config or default_config(spec)
-        if shared_bytes(spec, cfg) > max_shared_bytes(info.arch):
-            raise ValueError(f"config: {cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory")
+        problem = memory_problem(shared_bytes(spec, cfg), cfg, info.arch)  # (conv_func raises the others)
+        if problem:
+            raise ValueError(f"config: {problem}")
         return Plan([conv_func(spec, cfg)], True, cfg, input_form=InputForm(weights="kc"), kernel="tensorcore")
 
 

@@ -24,7 +24,8 @@ from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .cuda_hopper_conv import (BK, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
-                               kernel_func, measured_slower, second_tile_apart, spec_problem, steps, x_buffers)
+                               kernel_func, measured_slower, memory_problem, second_tile_apart, spec_problem, steps,
+                               x_buffers)
 from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
@@ -60,18 +61,23 @@ def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     bm = 128 if fits_rows and Tiling(first, 128).blocks >= SM90_SMS else conv_default(first).bm
     narrow = bm == 128 or spec.k2 % 128
     halo = bm == 128 and spec.k2 <= 2 * spec.k1 and halo_wins(first)
-    cfg = HopperConfig(bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo))
+    cfg = HopperConfig.default(bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo))
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
 
 
+def pair_config_problem(spec: FusedConvSpec, cfg: HopperConfig) -> str | None:
+    """Why the kernel cannot compute this pair with these parameters (shared memory aside), or None."""
+    return pair_problem(spec) or (spec.k2 % cfg.bn and f"k2 is not a multiple of bn={cfg.bn}") or (
+        spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
+        cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm)) or None
+
+
 def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3_conv1x1_wgmma"):
     """The kernel as a TIRx PrimFunc (x, w1 (k1, 9*c), s1, b1, w2 (k2, k1), s2, b2, [residual (m, k2)], y (m, k2)):
     the parameters of cuda_wmma's fused kernel, with the weights as PairForm makes them."""
-    problem = pair_problem(spec) or (spec.k2 % cfg.bn and f"k2 is not a multiple of bn={cfg.bn}") or (
-        spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
-        cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm))
+    problem = pair_config_problem(spec, cfg)
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
     conv1 = conv3x3_spec(spec)
@@ -95,7 +101,8 @@ class WrittenPairRule(HopperRule):
         raise NotImplementedError
 
     def workload(self, spec: FusedConvSpec):
-        """The PrimFunc as an IRModule ("main"); nothing to tune (tune refuses a plan without schedules)."""
+        """The PrimFunc of the default config as an IRModule ("main"): the workload that shipping names (a written kernel's
+        records key on its spec: tune.written)."""
         import tvm
 
         from ..target import parse_target, target_info
@@ -151,9 +158,14 @@ class HopperPairRule(WrittenPairRule):
         return pair_func(spec, cfg)
 
     def config_problem(self, spec: FusedConvSpec, cfg: HopperConfig, arch: int) -> str | None:
-        if shared_bytes(spec, cfg) > max_shared_bytes(arch):
-            return f"{cfg.to_string()} needs {shared_bytes(spec, cfg) // 1024} KiB of shared memory"
-        return None
+        return memory_problem(shared_bytes(spec, cfg), cfg, arch) or pair_config_problem(spec, cfg)
+
+    def first_conv(self, spec: FusedConvSpec):
+        return conv3x3_spec(spec)
+
+    def searched(self, spec: FusedConvSpec) -> dict[str, tuple]:
+        """bn, the second GEMM's chunk, 64 or 128: 256 would hold 128 accumulator registers beside mid's."""
+        return {**super().searched(spec), "bn": (64, 128)}
 
 
 RULE = HopperPairRule()

@@ -1,5 +1,7 @@
 """MetaSchedule's JSON database (the two files stock TVM reads: database_workload.json and
-database_tuning_record.json), with whole-line atomic appends, and the lookup of a tuned schedule.
+database_tuning_record.json), with whole-line atomic appends, and the lookup of a tuned schedule. Beside them,
+written_records.json holds the measurements of the written kernels' configs (sm_90's TIRx kernels, which have no
+MetaSchedule trace: tune.written), one WrittenRecord a line, kept and looked up the same way.
 
 Every commit appends its whole line with one write() and an fsync, so interrupting a tuning run at
 any moment loses no finished record. A line cut short by a crash can only be the file's last one;
@@ -12,6 +14,7 @@ import json
 import logging
 import os
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tvm.s_tir import meta_schedule as ms
@@ -24,6 +27,21 @@ log = logging.getLogger(__name__)
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+WRITTEN = "written_records.json"
+
+
+@dataclass(frozen=True)
+class WrittenRecord:
+    """One measured config of a written kernel: the op's spec (its text), the GPU arch, the kernel (its rule's `kernel`:
+    "Hopper", "cluster"), the config (its text), the mean run time in µs (None: it failed to build, run or match numpy,
+    as `error` says)."""
+
+    spec: str
+    arch: str
+    kernel: str
+    config: str
+    us: float | None
+    error: str = ""
 
 
 def _append_line(path: Path, obj) -> None:
@@ -146,6 +164,7 @@ class TuningDatabase(ms.database.PyDatabase):
         self.mem = ms.database.MemoryDatabase()
         self.workload_index: dict = {}  # structural hash -> line in the workload file
         self.records: dict = {}  # structural hash -> every record (valid or not) of that workload
+        self.written: dict[tuple[str, str, str], list[WrittenRecord]] = {}  # (spec text, arch, kernel) -> its records
         self._load()
 
     def _load(self):
@@ -169,6 +188,12 @@ class TuningDatabase(ms.database.PyDatabase):
                 self._remember(ms.database.TuningRecord.from_json(record, workloads[index]))
             except Exception:  # noqa: BLE001
                 raise ValueError(f"{self.dir / RECORDS}: line {number} is not a tuning record (corrupted tuning database?)") from None
+        for number, obj in enumerate(_read_lines(self.dir / WRITTEN, repair), 1):
+            try:
+                record = WrittenRecord(**obj)
+            except TypeError:
+                raise ValueError(f"{self.dir / WRITTEN}: line {number} is not a written kernel's record") from None
+            self.written.setdefault((record.spec, record.arch, record.kernel), []).append(record)
 
     # -- the PyDatabase interface ------------------------------------------------------------
     def has_workload(self, mod) -> bool:
@@ -204,6 +229,20 @@ class TuningDatabase(ms.database.PyDatabase):
     def records_for(self, mod) -> list:
         """Every record (valid or not) of this workload."""
         return list(self.records.get(_key(mod), []))
+
+    # -- the written kernels' records ----------------------------------------------------------
+    def commit_written(self, record: WrittenRecord) -> None:
+        _append_line(self.dir / WRITTEN, asdict(record))
+        self.written.setdefault((record.spec, record.arch, record.kernel), []).append(record)
+
+    def written_for(self, spec_text: str, arch: str, kernel: str) -> list[WrittenRecord]:
+        """Every record (valid or not) of the spec's kernel on this arch, fastest valid first."""
+        return sorted(self.written.get((spec_text, arch, kernel), []), key=lambda r: (r.us is None, r.us or 0.0))
+
+    def best_written(self, spec_text: str, arch: str, kernel: str) -> WrittenRecord | None:
+        """The fastest valid record of the spec's kernel on this arch, or None."""
+        best = next(iter(self.written_for(spec_text, arch, kernel)), None)
+        return best if best is not None and best.us is not None else None
 
 
 # -- which database, which record -------------------------------------------------------------
@@ -275,15 +314,30 @@ def best_record(database: TuningDatabase, mod, target):
 
 
 def best_us(spec, target, db="auto") -> float | None:
-    """Mean µs of the fastest record of the spec's workload (any op kind) on the target's arch in the
-    database `db` ("auto": the target GPU's shipped one), or None where it holds none."""
+    """Mean µs of the fastest record of the spec's workload (any op kind; a written kernel's: its fastest config) on the
+    target's arch in the database `db` ("auto": the target GPU's shipped one), or None where it holds none."""
     from ..schedule import kind_of, rule_for
 
     directory = find_database(target) if db == "auto" else db
     if not directory or not target_info(target).is_cuda:
         return None
-    record = best_record(open_database(directory), rule_for(target, kind_of(spec), spec).workload(spec), target)
+    rule, database = rule_for(target, kind_of(spec), spec), open_database(directory)
+    if written(rule):
+        best = database.best_written(spec.to_string(), arch_name(target), rule.kernel)
+        return best.us if best else None
+    record = best_record(database, rule.workload(spec), target)
     return mean_us(record.run_secs) if record is not None else None
+
+
+def written(rule) -> bool:
+    """Whether the rule's kernel is written (sm_90's TIRx kernels: its configs measured whole, tune.written), not
+    scheduled (MetaSchedule searches its trace)."""
+    return hasattr(rule, "candidates")
+
+
+def arch_name(target) -> str:
+    """'sm_90'."""
+    return f"sm_{target_info(target).arch}"
 
 
 def record_specs(directory, specs) -> None:
@@ -323,17 +377,21 @@ def merge(sources, destination) -> None:
     """Every record of the `sources` databases appended to the one at `destination`."""
     dst = TuningDatabase(destination, lock=True)
     for source in sources:
-        for record in TuningDatabase(source).get_all_tuning_records():
+        src = TuningDatabase(source)
+        for record in src.get_all_tuning_records():
             workload = dst.commit_workload(record.workload.mod)
             dst.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info))
+        for records in src.written.values():
+            for record in records:
+                dst.commit_written(record)
         if (Path(source) / "specs.txt").exists():
             record_specs(destination, [parse_spec(s) for s in (Path(source) / "specs.txt").read_text().split()])
 
 
-def prune(source, destination, top: int = 3, workloads=None) -> int:
-    """Copies the `top` fastest valid records of each workload of `source` (of those among
-    `workloads`, IRModules, where given) into a new database at `destination` (what ships in
-    schedules/); returns how many."""
+def prune(source, destination, top: int = 3, workloads=None, specs=None) -> int:
+    """Copies the `top` fastest valid records of each workload of `source` (of those among `workloads`, IRModules,
+    where given), and of each written kernel's spec (of those among `specs`' texts, where given), into a new database
+    at `destination` (what ships in schedules/); returns how many."""
     src, dst = TuningDatabase(source), TuningDatabase(destination, lock=True)
     seen, count = set(), 0
     wanted = None if workloads is None else {_key(mod) for mod in workloads}
@@ -346,6 +404,11 @@ def prune(source, destination, top: int = 3, workloads=None) -> int:
         for best in src.get_top_k(src.commit_workload(record.workload.mod), top):
             dst.commit_tuning_record(ms.database.TuningRecord(best.trace, workload, best.run_secs, best.target, best.args_info))
             count += 1
+    for spec_text, arch, kernel in src.written:
+        if specs is None or spec_text in specs:
+            for best in [r for r in src.written_for(spec_text, arch, kernel) if r.us is not None][:top]:
+                dst.commit_written(best)
+                count += 1
     return count
 
 
@@ -357,7 +420,7 @@ def open_database(directory) -> TuningDatabase:
     path = Path(directory)
     if not path.is_dir():
         raise ValueError(f"db: {path} is not a directory (a tuning database is a directory)")
-    stamp = tuple((path / f).stat().st_mtime_ns if (path / f).exists() else 0 for f in (WORKLOADS, RECORDS))
+    stamp = tuple((path / f).stat().st_mtime_ns if (path / f).exists() else 0 for f in (WORKLOADS, RECORDS, WRITTEN))
     key = (str(path.resolve()), stamp)
     if key not in _OPENED:
         _OPENED[key] = TuningDatabase(path)
@@ -366,12 +429,16 @@ def open_database(directory) -> TuningDatabase:
 
 def tuned_config(spec, target, directory):
     """The config of the best record in `directory` for this spec on the target's arch, or None.
-    Records are keyed on the spec's workload (structural equality), so a record of another shape
-    or GPU arch is never applied."""
+    Records are keyed on the spec's workload (structural equality; a written kernel's on the spec's text), so a record
+    of another shape or GPU arch is never applied."""
     from ..schedule import kind_of, rule_for
     from ..schedule.cuda_wmma import config_of
 
-    record = best_record(open_database(directory), rule_for(target, kind_of(spec), spec).workload(spec), target)
+    rule, database = rule_for(target, kind_of(spec), spec), open_database(directory)
+    if written(rule):
+        best = database.best_written(spec.to_string(), arch_name(target), rule.kernel)
+        return rule.parse_config(best.config) if best else None
+    record = best_record(database, rule.workload(spec), target)
     if record is None:
         return None
     config = config_of(record.trace)
@@ -393,6 +460,6 @@ def resolve_config(spec, target, fused: bool, config=None, db="auto"):
     from ..schedule import kind_of, rule_for
 
     rule = rule_for(info, kind_of(spec), spec)
-    if rule.can_implement(spec, info) or not rule.knobs:
+    if rule.can_implement(spec, info) or not (rule.knobs or written(rule)):
         return None  # the schedule rule reports it, or has no parameters to tune
     return tuned_config(spec, target, directory)

@@ -1,6 +1,6 @@
 """Tune an op (the fused pair, a single conv: any op kind with a CUDA tensor-core rule) for one GPU: MetaSchedule's evolutionary search with the XGBoost cost model
-over tvm_b2b.tune.space, records in a TuningDatabase. Resumable: `trials` is the total per
-workload, and a rerun only measures what the database does not hold yet."""
+over tvm_b2b.tune.space, records in a TuningDatabase (a written kernel's configs: tune.written). Resumable: `trials` is
+the total per workload, and a rerun only measures what the database does not hold yet."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,10 @@ from tvm.ir.utils import derived_object
 from ..op.kind import op_kinds
 from ..schedule import cuda_wmma, kind_of, rule_for
 from ..target import target_info
-from .database import TuningDatabase, best_record, mean_us
+from .database import TuningDatabase, best_record, mean_us, written
 from .remote import error_cause
 from .space import config_of, design_space
+from .written import tune_written
 
 FAILED_RUN_SECS = 1e10  # what MetaSchedule records for a failed measurement (its kMaxMeanTime)
 ENVIRONMENT = "environment: "  # starts a runner error that says nothing of the candidate (no server, no device)
@@ -244,6 +245,11 @@ def tune_spec(spec, target, database: TuningDatabase, trials: int, *, work_dir: 
     on the local GPU or through an RPC tracker (`remote`: tune.remote.RemoteGpu, `remote_workers`
     servers at once). Returns what happened: trials before/after, best µs and its config."""
     rule = rule_for(target, kind_of(spec), spec)
+    if written(rule):  # its configs measured whole (tune.written): no trace to search
+        if remote is not None:
+            raise ValueError(f"{spec.to_string()}: the {rule.kernel} kernel's configs are measured on a local GPU only "
+                             "(--rpc measures MetaSchedule's candidates)")
+        return tune_written(spec, target, database, trials, label=label, deadline=deadline, out=out)
     mod = rule.workload(spec)
     spec = getattr(rule, "kernel_spec", lambda s: s)(spec)  # what the kernel computes (the data it is checked on)
     before = len(database.records_for(mod))
