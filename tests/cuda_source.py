@@ -3,7 +3,7 @@ import re
 import shutil
 import subprocess
 
-KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+\))? (\w+)\(([^)]*)\)')
+KERNEL = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\(\d+(?:, \d+)?\))? (\w+)\(([^)]*)\)')
 
 
 def kernels(source: str) -> dict[str, str]:

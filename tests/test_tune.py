@@ -424,10 +424,14 @@ def test_tune_cli_errors_are_one_line(tmp_path, capsys):
         assert err.count("\n") == 1 and err.startswith("tvm-b2b tune: error: ") and message in err, err
 
 
-def test_shipped_h200_database_is_used_when_cross_building(capsys):
+def test_shipped_h200_database_is_used_when_cross_building(capsys, monkeypatch, tmp_path):
     """The repo's schedules/nvidia-h200-sm_90 holds a record for this bench spec: a cross-build for
-    sm_90 takes it, --no-db the defaults."""
+    sm_90 takes it where it is the one database of sm_90, --no-db the defaults. (With the H100's beside it, a
+    cross-build takes neither: --db names one.)"""
     from tvm_b2b.cli import main
+
+    (tmp_path / "nvidia-h200-sm_90").symlink_to(Path(__file__).resolve().parents[1] / "schedules" / "nvidia-h200-sm_90")
+    monkeypatch.setenv("TVM_B2B_SCHEDULES", str(tmp_path))
 
     spec = "n=1,h=28,w=28,c=128,k1=128,k2=512,residual=1,dtype=float16"  # its record (n1_tile=128, ...) is not the default
     target = parse_target("cuda:sm_90")

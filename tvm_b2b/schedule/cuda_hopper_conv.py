@@ -98,9 +98,10 @@ class HopperConfig:
         return cfg
 
     @classmethod
-    def default(cls, **knobs) -> "HopperConfig":
-        """A default config: the knobs given, and the producer TVM_B2B_HOPPER_PRODUCER names (producer_default)."""
-        return cls(**knobs, warp=producer_default())
+    def default(cls, warp: int = 0, **knobs) -> "HopperConfig":
+        """A default config: the knobs given, and the producer TVM_B2B_HOPPER_PRODUCER names, else `warp` (the rule's
+        measured choice: producer_default)."""
+        return cls(**knobs, warp=producer_default(warp))
 
 
 def spec_problem(spec: ConvSpec) -> str | None:
@@ -281,21 +282,23 @@ class Tiling:
 
 
 
-def producer_default() -> int:
-    """HopperConfig.warp of the default configs: TVM_B2B_HOPPER_PRODUCER=warp (1) or warpgroup (0, unset)."""
-    mode = os.environ.get(PRODUCER_ENV, "warpgroup")
-    if mode not in ("warpgroup", "warp"):
+def producer_default(measured: int = 0) -> int:
+    """HopperConfig.warp of a default config: TVM_B2B_HOPPER_PRODUCER=warp (1) or warpgroup (0), else `measured`."""
+    mode = os.environ.get(PRODUCER_ENV)
+    if mode not in (None, "warpgroup", "warp"):
         raise ValueError(f"{PRODUCER_ENV}={mode}: warpgroup or warp")
-    return int(mode == "warp")
+    return measured if mode is None else int(mode == "warp")
 
 
 def producer_threads(cfg: HopperConfig) -> int:
     """The producer's threads: a warpgroup (128, CUTLASS's form, which setmaxnreg needs; this kernel does not use it)
-    or one warp (warp=1: its first thread issues every copy either way). One warp frees 96 threads' registers a
-    block: at 74 registers, 3 blocks of 288 threads fit an SM's 64K registers, 2 of 384 (Nsight Compute,
-    bench/results/ncu_hopper_pair_h100_s25_*.txt: the pair is latency-bound at 2 blocks per SM). Not yet measured on
-    a GPU, hence not the default: `ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" bash
-    bench/gpu_session.sh envab`; tuning searches both (candidates)."""
+    or one warp (warp=1: its first thread issues every copy either way). One warp frees 96 threads' registers a block
+    (at 74 registers, 3 blocks of 288 threads fit an SM's 64K registers, 2 of 384), and with __launch_bounds__ nvcc
+    keeps to as many blocks as shared memory holds (blocks_per_sm). Measured (H100, bench/results/hoppertune_*_s26.log):
+    much faster for the pair at k1 = 128 (28x28 128->128->512 +r 41.4 against 60.8 us; 56x56/2 44.3 against 64.0),
+    somewhat for k1 = 64 outside the halo form (56x56 64->64->256 +r 65.2 against 67.8), slower in it (64->64->128 42.7
+    against 35.1) and no different at k1 = 256 (14x14 30.4 against 31.3, 28x28/2 39.3 against 38.7): the pair's
+    default_config takes it where it won; tuning searches both (candidates)."""
     return 32 if cfg.warp else 128
 
 

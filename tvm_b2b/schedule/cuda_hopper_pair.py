@@ -14,7 +14,9 @@ registers rather than shared memory measured no faster (H100, bench/results/fuse
 ON by default on sm_90 (`TVM_B2B_HOPPER_PAIR=0` turns it off, `all` puts every pair it computes on it) where it measured
 faster than the pair's other forms: H100, batch 32 (bench/results/fused_hopper_pairs_h100_s23.txt, against the two convs
 as a model runs them unfused): 56x56 64->64->256 +r 67.4 us vs 84.7 (and vs cuda_wmma's fused kernel in ResNet-50, 64-67
-vs 71-74: e2e_hopperpair_*_h100_s23_breakdown.txt), 14x14 256->256->1024 +r 30.6 vs 37.3; `slower` names where not.
+vs 71-74: e2e_hopperpair_*_h100_s23_breakdown.txt), 14x14 256->256->1024 +r 30.6 vs 37.3, and with one producer warp
+the k1 = 128 pairs (bench/results/fused_hoppertune_singles_h100_s26.txt); `slower` names where not. Its configs are
+tuned per GPU (tune.written; H100 records in schedules/).
 """
 from __future__ import annotations
 
@@ -55,13 +57,16 @@ def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     64.6 vs 100.4 us; 64->64->128 36.8 vs 57.6; 28x28 128->128->512 +r 54.9 vs 65.4); at 14x14 (49 blocks of 128
     pixels) 64-pixel tiles and bn=128 win (38.2 vs 54.8). The halo form where the 3x3 has one 64-channel step and the
     second GEMM is small (k2 <= 2 k1): H100, bench/results/fused_hopperab_h100_s23.txt, 56x56 64->64->64 26.6 vs 32.1
-    us, 64->64->128 36.2 vs 38.7; 64->64->256 51.5 either way, +r 70.9 vs 67.2."""
+    us, 64->64->128 36.2 vs 38.7; 64->64->256 51.5 either way, +r 70.9 vs 67.2. One producer warp (warp=1) outside the
+    halo form for k1 <= 128 (producer_threads' measurements). `tvm-b2b tune` measures the configs around this one
+    (candidates; bench/results/hoppertune_h100_s26.log: 64-pixel tiles 3-5% faster on the 56x56 halo pairs there)."""
     first = conv3x3_spec(spec)
     fits_rows = first.wo <= 128  # (rows wider than a tile: refused by spec_problem, asked after this)
     bm = 128 if fits_rows and Tiling(first, 128).blocks >= SM90_SMS else conv_default(first).bm
     narrow = bm == 128 or spec.k2 % 128
     halo = bm == 128 and spec.k2 <= 2 * spec.k1 and halo_wins(first)
-    cfg = HopperConfig.default(bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo))
+    warp = int(not halo and spec.k1 <= 128)  # one producer warp where it measured faster (producer_threads)
+    cfg = HopperConfig.default(warp, bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo))
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
@@ -123,13 +128,13 @@ class WrittenPairRule(HopperRule):
 
 
 def pair_measured_slower(spec: FusedConvSpec) -> str | None:
-    """Where the pair measured slower than its two convs as a model runs them (H100, batch 32,
-    bench/results/fused_hopper_pairs_h100_s23.txt), or None: k1 = 128 (28x28 128->128->512 +r 61.0 vs 51.0 us; 56x56/2
-    128->128->512 +r 64.8 vs 51.7) and a strided 3x3 (28x28/2 256->256->1024 +r 37.7 vs 37.7)."""
-    if spec.stride > 1:
-        return f"a strided 3x3 (stride {spec.stride}): the pair measured no faster than its two convs"
-    if spec.k1 == 128:
-        return "k1=128: the pair measured slower than its two convs (28x28 128->128->512 +r at batch 32: 61.0 vs 51.0 us)"
+    """Where the pair measured no faster than its two convs as a model runs them (H100, batch 32), or None: a strided 3x3
+    of k1 >= 256 (28x28/2 256->256->1024 +r 36.5-38.7 vs 37.5 us, bench/results/fused_hoppertune_singles_h100_s26.txt).
+    With one producer warp (producer_threads) every other ResNet-50 pair it computes wins at batch 32: 28x28
+    128->128->512 +r 41.3 vs 51.2 us, 56x56/2 128->128->512 +r 44.6 vs 51.5 (before it, 61.0 and 64.8: they ran as two
+    convs)."""
+    if spec.stride > 1 and spec.k1 >= 256:
+        return f"a strided 3x3 of k1={spec.k1} (stride {spec.stride}): the pair measured no faster than its two convs"
     return None
 
 

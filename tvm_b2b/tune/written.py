@@ -7,7 +7,6 @@ written_records.json; a build takes the spec's fastest on its GPU arch (database
 compares a pair's fastest with its two convs' (rewrite._measured_fusion), as for the scheduled kernels."""
 from __future__ import annotations
 
-import json
 import multiprocessing
 import time
 
@@ -64,7 +63,7 @@ class Worker:
         """(mean µs, "") or (None, why it failed)."""
         if self.pool is None:
             self.pool = multiprocessing.get_context("spawn").Pool(1)
-        task = self.pool.apply_async(measure, (spec.to_string(), json.dumps(target_info(target).target.export()), config))
+        task = self.pool.apply_async(measure, (spec.to_string(), f"cuda:sm_{target_info(target).arch}", config))
         try:
             us, error, ran = task.get(TIMEOUT_S)
         except multiprocessing.TimeoutError:
@@ -87,7 +86,7 @@ class Worker:
 _INPUTS: dict = {}  # (spec text) -> (inputs, reference output): the worker's, reused across candidates
 
 
-def measure(spec_text: str, target_json: str, config: str) -> tuple[float | None, str, bool]:
+def measure(spec_text: str, target_text: str, config: str) -> tuple[float | None, str, bool]:
     """In the worker: (mean µs, "", True), or (None, why, whether it got as far as running on the GPU), of the spec's
     kernel built with `config` (text), run on random inputs and compared with the numpy reference first (NaN in the
     output before: a kernel that leaves part of it unwritten cannot pass on an earlier candidate's values)."""
@@ -102,7 +101,7 @@ def measure(spec_text: str, target_json: str, config: str) -> tuple[float | None
     from ..schedule import plan
     from ..target import parse_target
 
-    spec, target = parse_spec(spec_text), parse_target(target_json)
+    spec, target = parse_spec(spec_text), parse_target(target_text)
     try:
         planned = plan(spec, target, True, config)
         (func,) = planned.kernels
