@@ -494,26 +494,27 @@ def test_resumed_tuning_warm_starts_the_cost_model(tuned_dir):
 
 
 def test_installed_package_finds_the_shipped_records(tmp_path):
-    """The shipped records are package data: a wheel of the project holds them, and tvm-b2b installed
-    from it (unpacked into a directory of its own, used from outside the checkout) finds them."""
+    """The shipped records are package data: a wheel of the project holds them (the written kernels' too), and tvm-b2b
+    installed from it (unpacked into a directory of its own, used from outside the checkout) finds them."""
     root = Path(__file__).resolve().parents[1]
     wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(root),
                             "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=600)
     assert wheel.returncode == 0, wheel.stderr[-2000:]
     (built,) = (tmp_path / "dist").glob("tvm_b2b-*.whl")
     with zipfile.ZipFile(built) as archive:
-        shipped = "tvm_b2b/schedules/nvidia-h200-sm_90/database_tuning_record.json"
-        assert shipped in archive.namelist()
+        for shipped in ("nvidia-h200-sm_90/database_tuning_record.json", "nvidia-h100-80gb-hbm3-sm_90/written_records.json"):
+            assert f"tvm_b2b/schedules/{shipped}" in archive.namelist(), shipped
         archive.extractall(tmp_path / "site")
-    probe = ("import tvm_b2b; from tvm_b2b.target import parse_target; from tvm_b2b.tune.database import find_database; "
-             "print(tvm_b2b.__file__); print(find_database(parse_target('cuda:sm_90')))")
+    probe = ("import tvm_b2b; from tvm_b2b.tune.database import schedules_root; "
+             "print(tvm_b2b.__file__); root = schedules_root(); print(root); print(','.join(sorted(p.name for p in root.iterdir())))")
     env = {k: v for k, v in os.environ.items() if k != "TVM_B2B_SCHEDULES"}
     run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**env, "PYTHONPATH": str(tmp_path / "site")})
     assert run.returncode == 0, run.stderr[-2000:]
-    module, found = run.stdout.split()
+    module, root, found = run.stdout.split()
     site = str(tmp_path / "site")
-    assert module.startswith(site) and found == str(tmp_path / "site" / "tvm_b2b" / "schedules" / "nvidia-h200-sm_90")
+    assert module.startswith(site) and root == str(tmp_path / "site" / "tvm_b2b" / "schedules")
+    assert found.split(",") == ["nvidia-h100-80gb-hbm3-sm_90", "nvidia-h200-sm_90"], found
 
 
 def _without_config_annotations(trace):
