@@ -700,3 +700,25 @@ def test_tuning_a_written_kernel_measures_its_candidates(tmp_path, monkeypatch):
     arrays = random_inputs(spec, seed=3)
     err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
     assert ok, f"max abs error {err}"
+
+
+def test_written_tuning_records_every_candidate_it_measures(tmp_path, monkeypatch):
+    """tune_spec of a written kernel (tune.written), real worker process: each candidate is built there and run; on a
+    machine without a GPU each run fails, is recorded as failed with its reason (the worker restarted after it), and
+    the summary names the first failure; with a GPU, each is a valid record. A rerun measures only what is missing."""
+    from tvm_b2b.tune.tuner import tune_spec
+
+    monkeypatch.setenv("TVM_B2B_HOPPER_PAIR", "all")
+    spec, target = FusedConvSpec.parse("n=2,h=14,w=14,c=64,k1=64,k2=128,dtype=float16"), parse_target("cuda:sm_90")
+    db = database.TuningDatabase(tmp_path / "db", lock=True)
+    lines = []
+    result = tune_spec(spec, target, db, 2, work_dir=str(tmp_path / "logs"), out=lines.append)
+    records = db.written_for(spec.to_string(), "sm_90", "Hopper")
+    assert result["trials"] == 2 and len(records) == 2 and len(lines) == 3, lines
+    if has_cuda_gpu():
+        assert all(r.us for r in records) and result["best_us"]
+    else:
+        assert all(r.us is None and r.error.startswith("run: ") for r in records), records
+        assert result["best_us"] is None and result["first_error"].startswith(records[0].config + ": run: ")
+    assert tune_spec(spec, target, db, 2, work_dir=str(tmp_path / "logs"), out=lines.append)["trials"] == 2
+    assert len(database.TuningDatabase(tmp_path / "db").written_for(spec.to_string(), "sm_90", "Hopper")) == 2
