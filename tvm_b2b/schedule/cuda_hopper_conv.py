@@ -730,7 +730,7 @@ class HopperRule:
 
     def built(self, spec, cfg):
         """What the kernel is built from (candidates count configs that build the same kernel once): the buffers, at
-        most one a step of the 3x3's reduction (kernel_func allocates no more)."""
+        most one a step of the mainloop's reduction (kernel_func allocates no more)."""
         return dataclasses.replace(cfg, stages=min(cfg.stages, steps(self.first_conv(spec))))
 
     def first_conv(self, spec) -> ConvSpec:
@@ -766,8 +766,9 @@ class HopperRule:
         seen, found = {self.built(spec, default)}, []
         for values in itertools.product(*knobs.values()):
             cfg = self.config_type(**dict(zip(knobs, values)))
-            if self.built(spec, cfg) not in seen and not self.config_problem(spec, cfg, info.arch):
-                seen.add(self.built(spec, cfg))
+            kernel = self.built(spec, cfg)
+            if kernel not in seen and not self.config_problem(spec, cfg, info.arch):
+                seen.add(kernel)
                 found.append(cfg)
         return [default] + sorted(found, key=distance)
 

@@ -44,7 +44,8 @@ class CheckedRun:
     def __init__(self, spec, seed: int = 0):
         self.spec, self.seed = spec, seed
 
-    def _data(self):
+    def data(self):
+        """(inputs, numpy reference output) of the spec: made once a process (tune.written's worker reuses them)."""
         key = (self.spec, self.seed)
         if key not in CheckedRun._cache:
             kind = op_kinds()[kind_of(self.spec)]
@@ -56,7 +57,7 @@ class CheckedRun:
     def alloc(self, device, _args_info, alloc_repeat: int):
         from ..op.device import device_arguments
 
-        tensors, out = device_arguments(self.spec, self._data()[0], device)
+        tensors, out = device_arguments(self.spec, self.data()[0], device)
         return [[*tensors.values(), out]] * alloc_repeat
 
     # RPCRunner's steps. Whatever fails before the candidate runs (no session, a module the server
@@ -94,7 +95,7 @@ class CheckedRun:
 
         from ..op.reference import compare, np_dtype
 
-        spec, (_, want) = self.spec, self._data()
+        spec, (_, want) = self.spec, self.data()
         args = repeated_args[0]
         # NaN first: a kernel that leaves (part of) the output unwritten cannot pass on what an
         # earlier candidate left in reused memory

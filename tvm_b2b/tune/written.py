@@ -83,9 +83,6 @@ class Worker:
             self.pool = None
 
 
-_INPUTS: dict = {}  # (spec text) -> (inputs, reference output): the worker's, reused across candidates
-
-
 def measure(spec_text: str, target_text: str, config: str) -> tuple[float | None, str, bool]:
     """In the worker: (mean µs, "", True), or (None, why, whether it got as far as running on the GPU), of the spec's
     kernel built with `config` (text), run on random inputs and compared with the numpy reference first (NaN in the
@@ -96,10 +93,11 @@ def measure(spec_text: str, target_text: str, config: str) -> tuple[float | None
     from ..codegen import compile_module
     from ..lower import scheduled_module
     from ..op.device import device_arguments
-    from ..op.kind import op_kinds, parse_spec
+    from ..op.kind import parse_spec
     from ..op.reference import compare, np_dtype
     from ..schedule import plan
     from ..target import parse_target
+    from .tuner import CheckedRun  # (tuner imports this module)
 
     spec, target = parse_spec(spec_text), parse_target(target_text)
     try:
@@ -108,12 +106,7 @@ def measure(spec_text: str, target_text: str, config: str) -> tuple[float | None
         module = compile_module(scheduled_module([func]), target).jit()
     except Exception as err:  # noqa: BLE001 -- a config that does not build is a failed candidate
         return None, f"build: {str(err).strip().splitlines()[-1][:300]}", False
-    if spec_text not in _INPUTS:
-        kind = op_kinds()[kind_of(spec)]
-        inputs = kind.random_inputs(spec, seed=0)
-        _INPUTS.clear()
-        _INPUTS[spec_text] = (inputs, kind.reference(spec, **inputs))
-    inputs, want = _INPUTS[spec_text]
+    inputs, want = CheckedRun(spec).data()  # (kept in the worker across candidates)
     form = planned.input_form
     arrays, kernel_spec = (form.arrays(spec, inputs), form.spec(spec)) if form is not None else (inputs, spec)
     try:
