@@ -32,6 +32,8 @@
 #   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab); hopperdeep: pairdeep under each
 #   [TRIALS=8] bash bench/gpu_session.sh hoppertune MIN   tune the Hopper pair's configs (tune.written) on the dense N=32 pairs,
 #                                            then bench_fused default vs tuned on that database
+#   [TRIALS=10 CASES="--case SPEC ..."] bash bench/gpu_session.sh clustertune MIN   the Hopper pair's cluster form on ResNet-50's k1 >= 256
+#                                            pairs at batch 32: GPU tests, tuning, default vs tuned vs the two convs
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
@@ -71,6 +73,10 @@ print(' '.join('--case ' + s.to_string() for s in grouped_cases(False) if s.grou
 dense_pair_cases() {  # bench_fused's --case flags: the N=32 56x56 sweep, then ResNet-50's stride-1 +residual pairs at N=32
   for k2 in 64 128 256; do printf -- "--case n=32,h=56,w=56,c=64,k1=64,k2=$k2,dtype=float16 "; done
   for hc in 56,64 28,128 14,256; do printf -- "--case n=32,h=${hc%,*},w=${hc%,*},c=${hc#*,},k1=${hc#*,},k2=$((4 * ${hc#*,})),residual=1,dtype=float16 "; done
+}
+cluster_pair_cases() {  # ResNet-50's batch-32 pairs of k1 >= 256 (+residual): the strided and stride-1 ones of k1 = 512 and 256
+  for c in "h=14,w=14,c=512,k1=512,k2=2048,stride=2" "h=7,w=7,c=512,k1=512,k2=2048" "h=28,w=28,c=256,k1=256,k2=1024,stride=2" \
+           "h=14,w=14,c=256,k1=256,k2=1024"; do printf -- "--case n=32,$c,residual=1,dtype=float16 "; done
 }
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
 case "$1" in
@@ -189,6 +195,18 @@ bm=128,bn=64,stages=6,halo=1 bm=64,bn=64,stages=3 bm=64,bn=64,stages=4}" bash "$
     mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
     TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-200}" python3 bench/bench_fused.py --config default --config tuned --db .tune/db \
       $(dense_pair_cases) --json "$out/fused_hoppertune.json" 2>&1 | tee "$out/fused_hoppertune.txt" | grep -v "^\s*$" | cut -c1-170
+    ;;
+  clustertune)  # the Hopper pair's cluster form (cs > 1) on ResNet-50's batch-32 pairs of k1 >= 256 (CASES, else cluster_pair_cases):
+                # their GPU tests vs numpy, TRIALS configs each tuned (default 10: the default, then one knob away, cs
+                # among them) into .tune/db for at most MIN minutes, then default vs tuned vs the two convs, numpy-checked
+    timeout 300 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k "numpy" \
+      2>&1 | tee "$out/gpu_tests_hopper_pair.log" | tail -8
+    cases=${CASES:-$(cluster_pair_cases)}
+    TVM_B2B_HOPPER_PAIR=all timeout $(( ${2:-4} * 60 + 60 )) python3 -m tvm_b2b tune ${cases//--case/--spec} \
+      --target cuda --trials "${TRIALS:-10}" --db .tune/db --minutes "${2:-4}" 2>&1 | quiet | tee "$out/clustertune.log" | grep -v "^\s*$" | tail -40
+    mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
+    TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-200}" python3 bench/bench_fused.py --singles --config default --config tuned \
+      --db .tune/db $cases --json "$out/fused_clustertune.json" 2>&1 | tee "$out/fused_clustertune.txt" | grep -v "^\s*$" | cut -c1-170
     ;;
   pairdeep)  # the Hopper pair's pipeline depth (Nsight Compute, bench/results/ncu_hopper_pair_h100_s25_*.txt: latency-bound,
              # long-scoreboard stalls, 3 buffers): the dense N=32 56x56 pairs and 28x28 +r with the default config and each of

@@ -11,6 +11,7 @@ import pytest
 from cuda_source import compiles_for_sm90a, kernels, skip_unless_sm90
 from tvm_b2b import FusedConvSpec, build
 from tvm_b2b.op.compute import PairForm
+from tvm_b2b.op.conv import ConvSpec, conv_random_inputs, conv_reference
 from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule import plan, rule_for
 from tvm_b2b.schedule import cuda_hopper_pair as pair
@@ -33,6 +34,13 @@ CASES = [("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", None),
          ("n=2,h=12,w=12,c=64,k1=64,k2=512,residual=1", "bm=64,bn=128,stages=1"),
          ("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", "bm=128,bn=64,stages=3,halo=1"),
          ("n=1,h=20,w=20,c=136,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=128,stages=2,halo=1")]
+# the cluster form (cs > 1: each block of a cluster computes k1 / cs channels of mid, which the cluster's blocks push
+# into each other's shared memory; each then computes k2 / cs output channels): k1 = 512 (its default, clusters of 4),
+# a strided 3x3 in clusters of 2, the halo form, clusters of 8 with c not a multiple of 64, one chunk and no residual
+CLUSTER_CASES = [("n=2,h=7,w=7,c=512,k1=512,k2=1024,residual=1", None),
+                 ("n=3,h=14,w=14,c=128,k1=256,k2=512,stride=2,residual=1", "bm=64,bn=128,stages=3,cs=2"),
+                 ("n=2,h=14,w=14,c=64,k1=128,k2=256,residual=1", "bm=128,bn=64,stages=3,halo=1,cs=2"),
+                 ("n=1,h=9,w=9,c=72,k1=512,k2=512,act2=none", "bm=64,bn=64,stages=2,cs=8")]
 
 
 def spec_of(text: str) -> FusedConvSpec:
@@ -47,10 +55,12 @@ def hopper_on(monkeypatch):
 
 @pytest.mark.parametrize("case,why", [("n=1,h=8,w=300,c=64,k1=64,k2=64", "300 output columns"),
                                       ("n=1,h=8,w=8,c=64,k1=512,k2=64", "k1=512"),
+                                      ("n=1,h=8,w=8,c=64,k1=320,k2=640", "k1=320"),
                                       ("n=1,h=8,w=8,c=60,k1=64,k2=64", "c=60")])
 def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
-    """Output rows wider than a block, k1 over one wgmma's n, c not a multiple of 8: a reason, and cuda_wmma's rule
-    takes the pair."""
+    """Output rows wider than a block, k1 over one wgmma's n that no cluster splits into whole 64-channel steps of k1 and
+    k2 (k2=64: no share of it for a second block; 320 = 5 steps), c not a multiple of 8: a reason, and cuda_wmma's
+    rule takes the pair."""
     spec = spec_of(case)
     assert why in pair.RULE.can_implement(spec, target_info(SM90))
     assert rule_for(SM90, "conv3x3_conv1x1", spec).name != pair.RULE.name
@@ -133,8 +143,45 @@ def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, ca
     compiles_for_sm90a(source, tmp_path)
 
 
+def test_cluster_form_takes_k1_over_one_wgmma():
+    """k1 = 512 (ResNet-50's last stage) in clusters of 4 by default, mid whole in each block's shared memory; a cluster
+    size takes a share of k1 and k2 of whole 64-channel steps, k1's of at most 256; the rule counts a cluster's blocks
+    (batch 32: 32 pixel tiles x 4 fill the SMs, batch 1 not)."""
+    spec = spec_of("n=32,h=7,w=7,c=512,k1=512,k2=2048,residual=1")
+    cfg = pair.default_config(spec)
+    assert cfg.cs == 4 and pair.cluster_sizes(spec) == [2, 4, 8]
+    assert pair.cluster_sizes(spec_of("n=1,h=7,w=7,c=64,k1=128,k2=192")) == [1]
+    slice_pair = spec_of("n=32,h=7,w=7,c=512,k1=128,k2=512,residual=1")  # what one block computes, mid aside
+    assert pair.shared_bytes(spec, cfg) == pair.shared_bytes(slice_pair, dataclasses.replace(cfg, cs=1)) + 64 * 512 * 2
+    plain = dataclasses.replace(cfg, cs=1)
+    assert "cs=4" in pair.pair_config_problem(spec_of("n=1,h=7,w=7,c=64,k1=256,k2=192"), dataclasses.replace(plain, cs=4))
+    with pytest.raises(ValueError, match="cs one of"):
+        pair.HopperConfig.parse("bm=64,cs=3")
+    info = target_info(SM90)
+    assert pair.RULE.problem(spec) is None and "fewer than half" in pair.RULE.slower(spec_of("n=1,h=7,w=7,c=512,k1=512,k2=2048"))
+    assert set(pair.RULE.searched(spec)["cs"]) == {2, 4, 8} and all(c.cs > 1 for c in pair.RULE.candidates(spec, info))
+
+
+@pytest.mark.parametrize("case,config", CLUSTER_CASES[:2])
+def test_cluster_form_has_its_instructions_and_compiles(hopper_on, tmp_path, case, config):
+    """The cluster form: blockIdx.x is the rank in a cluster of cs blocks (the launch's cluster dimension), the slice of
+    mid pushed to each peer by a bulk copy into distributed shared memory (mapa) completing on the peer's mbarrier,
+    whose init is fenced for the cluster before a cluster barrier; the second GEMM reads mid from shared memory (wgmma's
+    SS form: two descriptors); nvcc compiles it for sm_90a."""
+    spec = spec_of(case)
+    cfg = pair.RULE.parse_config(config) or pair.default_config(spec)
+    source = build(spec, "cuda:sm_90", config=config, db=None).source()
+    for instruction in ("%cluster_ctarank", "mapa.shared::cluster.u32", "fence.mbarrier_init.release.cluster",
+                        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes", "barrier.cluster.arrive",
+                        f"wgmma.mma_async.sync.aligned.m64n{spec.k1 // cfg.cs}k16"):
+        assert instruction in source, instruction
+    assert f"wgmma_f16_ss_mma_async_sync_aligned_m64n{cfg.bn}k16" in source and "wgmma_f16_rs" not in source
+    assert source.count("tvm_b2b_push_slice(") == 2 and "tvm_b2b_pack_half2(" not in source.split("extern \"C\"")[-1]
+    compiles_for_sm90a(source, tmp_path)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case,config", CASES)
+@pytest.mark.parametrize("case,config", CASES + CLUSTER_CASES)
 def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
     """On an sm_90 GPU: within the op's float16 tolerance of numpy (op.reference.TOLERANCES), every pixel written."""
     skip_unless_sm90()
@@ -183,8 +230,9 @@ def test_one_producer_warp_matches_numpy_on_hopper(hopper_on, monkeypatch, case,
     monkeypatch.setenv(PRODUCER_ENV, "warp")
     spec = any_spec(case)
     kernel = build(spec, "cuda", config=config, db=None)
-    arrays = random_inputs(spec, seed=7)
-    err, ok = compare(spec, kernel(**arrays), reference(spec, **arrays))
+    conv = isinstance(spec, ConvSpec)  # (the op kinds' inputs and references differ)
+    arrays = (conv_random_inputs if conv else random_inputs)(spec, seed=7)
+    err, ok = compare(spec, kernel(**arrays), (conv_reference if conv else reference)(spec, **arrays))
     assert ok, f"max abs error {err}"
 
 

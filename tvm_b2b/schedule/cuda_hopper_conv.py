@@ -48,6 +48,7 @@ MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dom
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
+CLUSTER_SIZES = (1, 2, 4, 8)  # the pair's cluster sizes (cs): portable ones that split k1 into whole 64-channel steps
 MAX_GRID_Y = 65535  # the pixel blocks run along blockIdx.y: consecutive blocks share x's tile (L2) across channel blocks
 CONSUMERS = 8  # the named barrier of the consumer warpgroups (0 is __syncthreads, 1 + i warpgroup i's)
 DESC_LBO, DESC_SBO = 1, 64  # K-major 128B swizzle: leading offset unused; 8 rows x 128 B = 1024 B apart (16-B units)
@@ -64,6 +65,23 @@ RESIDUAL_SOURCE = {part: f"""
 __forceinline__ __device__ float tvm_b2b_half2_{part}(half* at) {{ return __{part}2float(*reinterpret_cast<half2*>(at)); }}
 """ for part in ("low", "high")}  # the residual's two channels of an accumulator pair, from the output tile where TMA put them
 # (a function a source: codegen adds each call's source once per function name)
+BARRIER_INIT_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+"""  # the mbarrier inits, visible to the cluster (CUTLASS's fence_barrier_init) before the cluster barrier
+PUSH_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_push_slice(void* slice, void* bar, unsigned bytes, unsigned peer) {
+  unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(slice));
+  unsigned mbar = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  unsigned dst, peer_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(dst) : "r"(src), "r"(peer));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(peer_bar) : "r"(mbar), "r"(peer));
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "r"(src), "r"(bytes), "r"(peer_bar) : "memory");
+}
+"""  # the pair's cluster form: a block's slice of mid, bulk-copied into the same offset of a peer's shared memory
+# (distributed shared memory), completing on the peer's mbarrier (a TMA-class copy: no thread waits on it)
 PACK_SOURCE = """
 __forceinline__ __device__ unsigned tvm_b2b_pack_half2(float lo, float hi) {
   half2 h = __floats2half2_rn(lo, hi);
@@ -79,10 +97,11 @@ class HopperConfig:
     stages: int = 4  # operand buffers (at most one per reduction step is allocated)
     halo: int = 0  # 1: one box of x for all taps of a 64-channel step (Tiling's halo form), stride-1 convs
     warp: int = 0  # 1: the producer is one warp, not a warpgroup (producer_threads)
+    cs: int = 1  # the fused pair's blocks a cluster: each computes k1 / cs channels of mid (cuda_hopper_pair)
 
     def to_string(self) -> str:
         return f"bm={self.bm},bn={self.bn},stages={self.stages}" + (",halo=1" if self.halo else "") + (
-            ",warp=1" if self.warp else "")
+            ",warp=1" if self.warp else "") + (f",cs={self.cs}" if self.cs > 1 else "")
 
     @classmethod
     def parse(cls, text: str) -> "HopperConfig":
@@ -90,11 +109,12 @@ class HopperConfig:
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages, "
-                             "halo, warp) nor of the mma.sync template's, the kernels that run this op")
+                             "halo, warp, cs) nor of the mma.sync template's, the kernels that run this op")
         cfg = cls(**{k: int(v) for k, v in values.items()})
-        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or {cfg.halo, cfg.warp} - {0, 1}:
+        if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or (
+                {cfg.halo, cfg.warp} - {0, 1} or cfg.cs not in CLUSTER_SIZES):
             raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo and warp "
-                             "0 or 1")
+                             f"0 or 1, cs one of {CLUSTER_SIZES}")
         return cfg
 
     @classmethod
@@ -391,7 +411,8 @@ def memory_problem(needed: int, cfg: HopperConfig, arch: int) -> str | None:
 
 def conv_config_problem(spec: ConvSpec, cfg: HopperConfig) -> str | None:
     """Why the kernel cannot compute this conv with these parameters (shared memory aside), or None."""
-    return spec_problem(spec) or (spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
+    return spec_problem(spec) or (cfg.cs > 1 and f"cs={cfg.cs}: a cluster is the fused pair's (k1 split), not a conv's") or (
+        spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
         not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
         cfg.halo and halo_problem(spec, cfg.bm)) or None
 
@@ -420,7 +441,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     taps = spec.kh * spec.kw
     fused = second is not None
     k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
-    k1_steps, chunks = k // BK, k2 // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
+    cs = k // bn if fused else 1  # the pair's cluster: block rank bk computes mid's channels bk * bn on (Second)
+    cluster = cs > 1
+    k2s = k2 // cs  # the output channels a block computes (the pair's: its cluster rank's share of k2)
+    k1_steps, chunks = k // BK, k2s // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
     all_steps = n_steps + (chunks * k1_steps if fused else 0)
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
     threads = 128 * wgs + producer_threads(cfg)  # the consumer warpgroups, then the producer (warp wgs * 4 on)
@@ -450,6 +474,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     pool = y_at + bm * bn2
     y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks) else 0  # the pair's other output tile
     pool += bm * bn2 if y2_at else 0
+    mid_at = pool  # the cluster's mid (bm rows x k1, 64-channel boxes as x's tile): each block's slice, its peers' pushed in
+    pool += bm * k if cluster else 0
+    slice_bytes = bm * bn * 2  # a block's slice of mid
     min_blocks = blocks_per_sm(pool * 2) if cfg.warp else 1  # (one producer warp: as shared memory holds)
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
@@ -457,6 +484,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     def out_tile(jc):
         """Where chunk jc's output tile starts: chunks alternate between the two tiles."""
         return y_at + jc % 2 * (y2_at - y_at)
+
+    def out_channel(bk):
+        """Block bk's first output channel: its channel block's (a conv), its cluster rank's share of k2 (the pair)."""
+        return bk * (k2s if fused else bn)
 
     @T.macro
     def load_residual(tiles, r_map, res_full, bi, at, channel, tile):
@@ -471,12 +502,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     chunk_loop = T.unroll if chunks <= 2 else T.serial
 
     @T.macro
-    def chunk_gemm(tiles, full, empty, acc2, mid, desc_w, tx, jc):
+    def chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc):
         """Chunk jc's second GEMM: mid's registers times w2's tiles, k1_steps steps; a step's buffer released once its
         wgmma are done (with 2+ buffers a step later, as the first GEMM's steps: the last one's after the loop).
         (Issuing the next chunk's GEMM into a second accumulator set before this chunk's epilogue measured slower: H100,
         56x56 64->64->256 +r 75.1 vs 69.6 us, 14x14 256->256->1024 +r 35.1 vs 31.3; its registers halve the blocks
         per SM at k1=64, bench/results/fused_envab_*_h100_s25.txt.)"""
+        wg = T.meta_var(tx // 128)
         for kc in T.unroll(k1_steps):  # unrolled: mid's registers are named, not indexed
             g = T.meta_var(n_steps + jc * k1_steps + kc)
             T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
@@ -484,8 +516,14 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             for kk in T.unroll(BK // WGMMA_K):
                 T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(
                     tiles[w_at + g % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
-                T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], *[mid[mid_register(kc, kk, i)] for i in range(4)],
-                            desc_w, kc * (BK // WGMMA_K) + kk > 0, 1, 1, 0)
+                if cluster:  # mid from shared memory (the cluster's, gathered), as the first GEMM's x
+                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(
+                        tiles[mid_at + kc * bm * BK + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                    T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], desc_x, desc_w, kc * (BK // WGMMA_K) + kk > 0,
+                                1, 1, 0, 0)
+                else:
+                    T.ptx[mma2](*[acc2[i] for i in range(acc2_regs)], *[mid[mid_register(kc, kk, i)] for i in range(4)],
+                                desc_w, kc * (BK // WGMMA_K) + kk > 0, 1, 1, 0)
             T.ptx.wgmma.commit_group.sync.aligned()
             if overlap:
                 T.ptx.wgmma.wait_group.sync.aligned(1)
@@ -501,11 +539,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps + (jc + 1) * k1_steps - 1) % stages]))
 
     @T.macro
-    def chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_w, y_map, r_map, s2, b2, tx, bi, jc):
+    def chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w, y_map, r_map, s2, b2, tx, bk, bi,
+                              jc):
         """Chunk jc: its second GEMM, its epilogue into output tile jc % 2, its TMA store."""
         wg = T.meta_var(tx // 128)
         y_tile = T.meta_var(out_tile(jc))
-        chunk_gemm(tiles, full, empty, acc2, mid, desc_w, tx, jc)
+        c2 = T.meta_var(out_channel(bk) + jc * bn2)  # the chunk's first output channel
+        chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc)
         for i in T.unroll(acc2_regs):
             T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
         if residual:  # chunk jc's residual tile (loaded once the store of chunk jc - 2 had read the tile)
@@ -514,8 +554,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
         for p in T.unroll(acc2_regs // 2):
             row, ch = T.meta_var(fragment(tx, wg, p))
-            lo = T.meta_var(acc2[2 * p] * s2[jc * bn2 + ch] + b2[jc * bn2 + ch])
-            hi = T.meta_var(acc2[2 * p + 1] * s2[jc * bn2 + ch + 1] + b2[jc * bn2 + ch + 1])
+            lo = T.meta_var(acc2[2 * p] * s2[c2 + ch] + b2[c2 + ch])
+            hi = T.meta_var(acc2[2 * p + 1] * s2[c2 + ch + 1] + b2[c2 + ch + 1])
             out_row, pixel = T.meta_var(tiling.tile_row(row))
             at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
             out_lo, out_hi = T.meta_var(outputs(act2, lo, hi, tiles, at, residual))
@@ -525,13 +565,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
         if tx == 0:  # the store runs on while the next chunk is computed into the other tile
             for box in T.serial(bn2 // 64):
-                T.ptx[store](T.address_of(y_map), jc * bn2 + box * 64, *tiling.origin(bi),
+                T.ptx[store](T.address_of(y_map), c2 + box * 64, *tiling.origin(bi),
                              T.address_of(tiles[y_tile + box * bm * 64]))
             T.ptx.cp.async_.bulk.commit_group()
             if jc + 1 < chunks:
                 T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
                 if residual and jc > 0:  # chunk jc + 1's residual, into it
-                    load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), (jc + 1) * bn2, (jc + 1) % 2)
+                    load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), c2 + bn2, (jc + 1) % 2)
             else:
                 T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
 
@@ -563,7 +603,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         T.device_entry()
         if min_blocks > 1:  # __launch_bounds__(threads, min_blocks): nvcc keeps the registers to that many blocks an SM
             T.attr({"tirx.launch_bounds_min_blocks_per_sm": min_blocks})
-        bk, bi = T.cta_id([k // bn, tiling.blocks])
+        bk, bi = T.cta_id([k // bn, tiling.blocks])  # (the pair's: bk its cluster rank, bi the cluster's pixels)
+        if cluster:
+            _rank = T.cta_id_in_cluster([cs])  # (declares the cluster: blockIdx.x's cs blocks of one pixel tile)
         tx = T.thread_id([threads])
         tiles = T.alloc_buffer((pool,), "float16", scope="shared.dyn", align=1024)
         full = T.alloc_buffer((stages,), "uint64", scope="shared", align=8)
@@ -571,6 +613,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         x_full = T.alloc_buffer((xs,), "uint64", scope="shared", align=8)  # the halo form's x buffers
         x_empty = T.alloc_buffer((xs,), "uint64", scope="shared", align=8)
         res_full = T.alloc_buffer((2,), "uint64", scope="shared", align=8)  # a residual tile in each output tile
+        mid_full = T.alloc_buffer((1,), "uint64", scope="shared", align=8)  # the peers' slices of mid, pushed in
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
         mid = T.alloc_buffer((acc_regs // 2 if fused else 1,), "uint32", scope="local")  # the pair's mid (mid_register)
@@ -586,10 +629,17 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 T.ptx.mbarrier.init.shared.b64(T.address_of(x_empty[i]), T.uint32(4 * wgs))
             T.ptx.mbarrier.init.shared.b64(T.address_of(res_full[0]), T.uint32(1))
             T.ptx.mbarrier.init.shared.b64(T.address_of(res_full[1]), T.uint32(1))
+            if cluster:  # its one arrival, and the bytes the cs - 1 peers' copies will complete
+                T.ptx.mbarrier.init.shared.b64(T.address_of(mid_full[0]), T.uint32(1))
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(mid_full[0]), T.uint32((cs - 1) * slice_bytes))
         T.ptx.fence.proxy.async_.shared__cta()
-        T.cuda.cta_sync()
+        if cluster:  # every block's barriers initialized before a peer's copy completes on them
+            T.cuda.func_call("tvm_b2b_fence_barrier_init", source_code=BARRIER_INIT_SOURCE)
+            T.cuda.cluster_sync()
+        else:
+            T.cuda.cta_sync()
         if residual and tx == 0:  # the (first chunk's) residual tile, read while the mainloop runs
-            load_residual(tiles, r_map, res_full, bi, y_at, bk * bn, 0)
+            load_residual(tiles, r_map, res_full, bi, y_at, out_channel(bk), 0)
         if wg == wgs:  # the producer: one thread issues every step's copies (step ko: tap ko // c_steps)
             if tx == wgs * 128:
                 for ko in T.serial(all_steps):
@@ -615,7 +665,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
                         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
                         T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
-                                      (ko - n_steps) % k1_steps * BK, (ko - n_steps) // k1_steps * bn2,
+                                      (ko - n_steps) % k1_steps * BK, out_channel(bk) + (ko - n_steps) // k1_steps * bn2,
                                       T.address_of(full[ko % stages]))
         else:
             for ko in T.serial(n_steps):
@@ -662,7 +712,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
                 hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
-                if fused:
+                if cluster:  # into the block's slice of mid (bk * bn channels on), swizzled as wgmma reads it
+                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[mid_at + bk * bn * bm + swizzled(row, ch, bm)]),
+                                     act(lo), act(hi), source_code=STORE_SOURCE)
+                elif fused:
                     mid[p] = T.cuda.func_call("tvm_b2b_pack_half2", act(lo), act(hi), source_code=PACK_SOURCE,
                                               return_type="uint32")
                 else:
@@ -674,12 +727,20 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                          source_code=STORE_SOURCE)
             if fused:  # the second GEMM: mid (its warpgroup's rows, registers) times w2's tiles, chunk by chunk of bn2
                 # every warpgroup's first GEMM done: x's buffers are free for the second output tile (y2_at)
+                if cluster:  # the slice's generic stores, visible to the async proxy (the copies below, wgmma)
+                    T.ptx.fence.proxy.async_.shared__cta()
                 T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                if cluster and tx == 0:  # the slice into each peer's mid, at the same offset, completing on its mid_full
+                    for q in T.serial(cs - 1):
+                        T.cuda.func_call("tvm_b2b_push_slice", T.address_of(tiles[mid_at + bk * bn * bm]),
+                                         T.address_of(mid_full[0]), slice_bytes, (bk + 1 + q) % cs, source_code=PUSH_SOURCE)
                 if residual and chunks > 1 and tx == 0:
-                    load_residual(tiles, r_map, res_full, bi, y2_at, bn2, 1)
+                    load_residual(tiles, r_map, res_full, bi, y2_at, out_channel(bk) + bn2, 1)
+                if cluster:  # the peers' slices have landed
+                    T.cuda.mbarrier_wait(T.address_of(mid_full[0]), 0)
                 for jc in chunk_loop(chunks):
-                    chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_w, y_map, r_map, s2, b2,  # noqa: F821
-                                          tx, bi, jc)
+                    chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w,  # noqa: F821
+                                          y_map, r_map, s2, b2, tx, bk, bi, jc)
         if not fused:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()
@@ -689,6 +750,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                  T.address_of(tiles[y_at + box * bm * 64]))
                 T.ptx.cp.async_.bulk.commit_group()
                 T.ptx.cp.async_.bulk.wait_group(0)
+        if cluster:  # no block exits (its shared memory gone) while its slice is still being copied to a peer
+            T.cuda.cluster_sync()
 
     unused = {"w2", "s2", "b2"} if not fused else set()
     unused |= {"r"} if not residual else set()  # the parameters of cuda_conv's kernel (the body does not read these)

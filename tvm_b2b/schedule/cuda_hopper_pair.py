@@ -25,7 +25,7 @@ import dataclasses
 from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
-from .cuda_hopper_conv import (BK, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
+from .cuda_hopper_conv import (BK, CLUSTER_SIZES, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
                                kernel_func, measured_slower, memory_problem, second_tile_apart, spec_problem, steps,
                                x_buffers)
 from .cuda_hopper_conv import default_config as conv_default
@@ -33,20 +33,31 @@ from .cuda_hopper_conv import default_config as conv_default
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
 
 
+MAX_SLICE = 256  # mid's channels a block computes: one wgmma's n
+
+
 def pair_problem(spec: FusedConvSpec) -> str | None:
     """Why the kernel cannot compute this pair, or None."""
-    if spec.k1 % 64 or spec.k1 > 256 or spec.k2 % 64:
-        return f"k1={spec.k1}, k2={spec.k2}: k1 a multiple of 64 up to 256 (one wgmma's n), k2 a multiple of 64"
+    if not cluster_sizes(spec):
+        return (f"k1={spec.k1}, k2={spec.k2}: multiples of 64, k1 up to {MAX_SLICE} (one wgmma's n) or split over a "
+                f"cluster of up to {CLUSTER_SIZES[-1]} blocks into slices of at most {MAX_SLICE}, whole 64-channel steps of k1 "
+                "and k2 each")
     return spec_problem(conv3x3_spec(spec))
 
 
+def cluster_sizes(spec: FusedConvSpec) -> list[int]:
+    """The cluster sizes (cs) that split k1 and k2 into whole 64-channel steps, k1's into slices of at most MAX_SLICE."""
+    return [cs for cs in CLUSTER_SIZES if spec.k1 % (64 * cs) == 0 and spec.k2 % (64 * cs) == 0 and spec.k1 // cs <= MAX_SLICE]
+
+
 def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
-    """The operand buffers (x's tile and the larger of w1's and w2's) and the output tile (and the other one where x's
-    buffers cannot hold it); mid stays in registers."""
+    """The operand buffers (x's tile and the larger of w1's slice and w2's tile) and the output tile (and the other one
+    where x's buffers cannot hold it); mid stays in registers, or with a cluster (cs > 1) in shared memory, whole."""
     xs, x_rows = x_buffers(conv3x3_spec(spec), cfg)
-    tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.bn)
+    tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.cs // cfg.bn)
     stages = min(cfg.stages, steps(conv3x3_spec(spec)))
-    return ((xs * x_rows + stages * max(spec.k1, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn) * 2
+    mid = cfg.bm * spec.k1 if cfg.cs > 1 else 0
+    return ((xs * x_rows + stages * max(spec.k1 // cfg.cs, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn + mid) * 2
 
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
@@ -65,16 +76,29 @@ def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     bm = 128 if fits_rows and Tiling(first, 128).blocks >= SM90_SMS else conv_default(first).bm
     narrow = bm == 128 or spec.k2 % 128
     halo = bm == 128 and spec.k2 <= 2 * spec.k1 and halo_wins(first)
-    warp = int(not halo and spec.k1 <= 128)  # one producer warp where it measured faster (producer_threads)
-    cfg = HopperConfig.default(warp, bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo))
+    cs = default_cluster(spec)
+    warp = int(not halo and spec.k1 // cs <= 128)  # one producer warp where it measured faster (producer_threads)
+    cfg = HopperConfig.default(warp, bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo), cs=cs)
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
 
 
+def default_cluster(spec: FusedConvSpec) -> int:
+    """No cluster where one block computes k1 (mid in registers); else the smallest whose slices of k1 are 128 channels
+    or fewer (ResNet-50's k1 = 512: clusters of 4), or the largest there is."""
+    sizes = cluster_sizes(spec) or [1]
+    if sizes[0] == 1:
+        return 1
+    return next((cs for cs in sizes if spec.k1 // cs <= 128), sizes[-1])
+
+
 def pair_config_problem(spec: FusedConvSpec, cfg: HopperConfig) -> str | None:
     """Why the kernel cannot compute this pair with these parameters (shared memory aside), or None."""
-    return pair_problem(spec) or (spec.k2 % cfg.bn and f"k2 is not a multiple of bn={cfg.bn}") or (
+    return pair_problem(spec) or (
+        cfg.cs not in cluster_sizes(spec) and f"cs={cfg.cs}: the cluster sizes that split k1={spec.k1} and k2={spec.k2} "
+        f"into whole 64-channel steps, k1's into slices of at most {MAX_SLICE}, are {cluster_sizes(spec)}") or (
+        spec.k2 // cfg.cs % cfg.bn and f"k2 / cs is not a multiple of bn={cfg.bn}") or (
         spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
         cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm)) or None
 
@@ -86,7 +110,7 @@ def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3
     if problem:
         raise ValueError(f"{spec.to_string()}: {problem}")
     conv1 = conv3x3_spec(spec)
-    first = dataclasses.replace(cfg, bn=spec.k1)  # all of k1 in one block
+    first = dataclasses.replace(cfg, bn=spec.k1 // cfg.cs, cs=1)  # all of k1 in one block, or its slice of the cluster's
     return kernel_func(conv1, first, Second(spec.k2, cfg.bn, spec.act2, bool(spec.residual)), name)
 
 
@@ -149,7 +173,8 @@ class HopperPairRule(WrittenPairRule):
 
     def slower(self, spec: FusedConvSpec) -> str | None:
         cfg = default_config(spec)
-        return measured_slower(conv3x3_spec(spec), Tiling(conv3x3_spec(spec), cfg.bm).blocks) or pair_measured_slower(spec)
+        return measured_slower(conv3x3_spec(spec), cfg.cs * Tiling(conv3x3_spec(spec), cfg.bm).blocks) or (
+            pair_measured_slower(spec))
 
     def default_config(self, spec: FusedConvSpec, info) -> HopperConfig:
         return default_config(spec, info.arch)
@@ -169,8 +194,9 @@ class HopperPairRule(WrittenPairRule):
         return conv3x3_spec(spec)
 
     def searched(self, spec: FusedConvSpec) -> dict[str, tuple]:
-        """bn, the second GEMM's chunk, 64 or 128: 256 would hold 128 accumulator registers beside mid's."""
-        return {**super().searched(spec), "bn": (64, 128)}
+        """bn, the second GEMM's chunk, 64 or 128: 256 would hold 128 accumulator registers beside mid's; the cluster
+        sizes that split k1."""
+        return {**super().searched(spec), "bn": (64, 128), "cs": tuple(cluster_sizes(spec))}
 
 
 RULE = HopperPairRule()
