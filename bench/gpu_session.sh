@@ -32,8 +32,8 @@
 #   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab); hopperdeep: pairdeep under each
 #   [TRIALS=8] bash bench/gpu_session.sh hoppertune MIN   tune the Hopper pair's configs (tune.written) on the dense N=32 pairs,
 #                                            then bench_fused default vs tuned on that database
-#   [TRIALS=10 CASES="--case SPEC ..."] bash bench/gpu_session.sh clustertune MIN   the Hopper pair's cluster form on ResNet-50's k1 >= 256
-#                                            pairs at batch 32: GPU tests, tuning, default vs tuned vs the two convs
+#   [TRIALS=10 CASES="--case SPEC ..."] bash bench/gpu_session.sh clustertune [MIN]   the Hopper pair's cluster form on ResNet-50's
+#                                            k1 >= 256 pairs at batch 32: GPU tests, clusters of 2-8 vs the two convs; MIN > 0: tuning too
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
@@ -197,16 +197,21 @@ bm=128,bn=64,stages=6,halo=1 bm=64,bn=64,stages=3 bm=64,bn=64,stages=4}" bash "$
       $(dense_pair_cases) --json "$out/fused_hoppertune.json" 2>&1 | tee "$out/fused_hoppertune.txt" | grep -v "^\s*$" | cut -c1-170
     ;;
   clustertune)  # the Hopper pair's cluster form (cs > 1) on ResNet-50's batch-32 pairs of k1 >= 256 (CASES, else cluster_pair_cases):
-                # their GPU tests vs numpy, TRIALS configs each tuned (default 10: the default, then one knob away, cs
-                # among them) into .tune/db for at most MIN minutes, then default vs tuned vs the two convs, numpy-checked
-    timeout 300 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k "numpy" \
+                # their GPU tests vs numpy, then the default config and clusters of 2, 4 and 8 against the two convs, numpy-
+                # checked; with MIN > 0 also TRIALS configs each tuned (default 10) for at most MIN minutes, default vs tuned
+    timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k "numpy" \
       2>&1 | tee "$out/gpu_tests_hopper_pair.log" | tail -8
     cases=${CASES:-$(cluster_pair_cases)}
-    TVM_B2B_HOPPER_PAIR=all timeout $(( ${2:-4} * 60 + 60 )) python3 -m tvm_b2b tune ${cases//--case/--spec} \
-      --target cuda --trials "${TRIALS:-10}" --db .tune/db --minutes "${2:-4}" 2>&1 | quiet | tee "$out/clustertune.log" | grep -v "^\s*$" | tail -40
-    mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
-    TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-200}" python3 bench/bench_fused.py --singles --config default --config tuned \
-      --db .tune/db $cases --json "$out/fused_clustertune.json" 2>&1 | tee "$out/fused_clustertune.txt" | grep -v "^\s*$" | cut -c1-170
+    TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-300}" python3 bench/bench_fused.py --singles --config default \
+      --config bm=64,bn=128,stages=3,cs=2 --config bm=64,bn=128,stages=4,warp=1,cs=4 --config bm=64,bn=128,stages=4,warp=1,cs=8 \
+      $cases --json "$out/fused_cluster.json" 2>&1 | tee "$out/fused_cluster.txt" | grep -v "^\s*$" | cut -c1-170
+    if [ "${2:-0}" -gt 0 ]; then
+      TVM_B2B_HOPPER_PAIR=all timeout $(( $2 * 60 + 60 )) python3 -m tvm_b2b tune ${cases//--case/--spec} --target cuda \
+        --trials "${TRIALS:-10}" --db .tune/db --minutes "$2" 2>&1 | quiet | tee "$out/clustertune.log" | grep -v "^\s*$" | tail -40
+      mkdir -p "$out/db" && cp .tune/db/*.json .tune/db/specs.txt "$out/db/"
+      TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-200}" python3 bench/bench_fused.py --config default --config tuned --db .tune/db \
+        $cases --json "$out/fused_clustertune.json" 2>&1 | tee "$out/fused_clustertune.txt" | grep -v "^\s*$" | cut -c1-170
+    fi
     ;;
   pairdeep)  # the Hopper pair's pipeline depth (Nsight Compute, bench/results/ncu_hopper_pair_h100_s25_*.txt: latency-bound,
              # long-scoreboard stalls, 3 buffers): the dense N=32 56x56 pairs and 28x28 +r with the default config and each of
