@@ -157,6 +157,9 @@ def pair_measured_slower(spec: FusedConvSpec) -> str | None:
     With one producer warp (producer_threads) every other ResNet-50 pair it computes wins at batch 32: 28x28
     128->128->512 +r 41.3 vs 51.2 us, 56x56/2 128->128->512 +r 44.6 vs 51.5 (before it, 61.0 and 64.8: they ran as two
     convs)."""
+    if default_cluster(spec) > 1:
+        return (f"k1={spec.k1} takes the cluster form, not yet measured faster than the two convs "
+                f"({PAIR_ENV}=all runs it)")
     if spec.stride > 1 and spec.k1 >= 256:
         return f"a strided 3x3 of k1={spec.k1} (stride {spec.stride}): the pair measured no faster than its two convs"
     return None
