@@ -73,15 +73,12 @@ class FusedKernel:
         The residual and output are passed as their (m, k2) GEMM view."""
         import tvm
 
-        from .op.device import device_arguments
+        from .op.device import formed_arguments
 
-        spec = self.spec
-        if self.input_form is not None:  # the inputs as the kernel takes them: its spec's
-            arrays, spec = self.input_form.arrays(spec, arrays), self.input_form.spec(spec)
-        tensors, out = device_arguments(spec, arrays, dev)
+        tensors, out = formed_arguments(self.spec, arrays, dev, self.input_form)
         if len(self.func_names) == 1:
             return [[*tensors.values(), out]]
-        mid = tvm.runtime.empty(self.mid_shape, self.mid_dtype or spec.dtype, dev)
+        mid = tvm.runtime.empty(self.mid_shape, self.mid_dtype or self.spec.dtype, dev)
         given = list(tensors.values())  # stage 1 takes the op's first inputs, stage 2 the intermediate and the rest
         return [given[: self.stage1_inputs] + [mid], [mid] + given[self.stage1_inputs:] + [out]]
 

@@ -92,7 +92,7 @@ def measure(spec_text: str, target_text: str, config: str) -> tuple[float | None
 
     from ..codegen import compile_module
     from ..lower import scheduled_module
-    from ..op.device import device_arguments
+    from ..op.device import formed_arguments
     from ..op.kind import parse_spec
     from ..op.reference import compare, np_dtype
     from ..schedule import plan
@@ -107,11 +107,9 @@ def measure(spec_text: str, target_text: str, config: str) -> tuple[float | None
     except Exception as err:  # noqa: BLE001 -- a config that does not build is a failed candidate
         return None, f"build: {str(err).strip().splitlines()[-1][:300]}", False
     inputs, want = CheckedRun(spec).data()  # (kept in the worker across candidates)
-    form = planned.input_form
-    arrays, kernel_spec = (form.arrays(spec, inputs), form.spec(spec)) if form is not None else (inputs, spec)
     try:
         dev = tvm.cuda(0)
-        tensors, out = device_arguments(kernel_spec, arrays, dev)
+        tensors, out = formed_arguments(spec, inputs, dev, planned.input_form)
         out.copyfrom(np.full(out.shape, np.nan, dtype=np_dtype(spec.dtype)))
         name = str(func.attrs["global_symbol"])
         module[name](*tensors.values(), out)
