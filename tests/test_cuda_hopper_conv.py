@@ -283,11 +283,12 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
-                                         (12, None), (13, None), (4, "pair")])
+                                         (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
-    own maps and coordinates, computes the conv (and a pair) within fp16 rounding, and writes every output."""
+    own maps and coordinates, computes the conv (and a pair, in its cluster form too: each rank's slice of mid pushed
+    into its peers', each rank's share of k2) within fp16 rounding, and writes every output."""
     import os
     import sys
 
@@ -295,10 +296,9 @@ def test_index_math_emulated(case, config):
     import hopper_emulation as emu
 
     if config == "pair":
-        text, bm, stages, k2, bn2, res, *halo = emu.PAIRS[case]
+        text, bm, stages, k2, bn2, res, *form = emu.PAIRS[case]
         spec = spec_of(text)
-        y, want = emu.emulate(spec, hopper.HopperConfig(bm=bm, bn=spec.k, stages=stages, halo=sum(halo)),
-                              hopper.Second(k2, bn2, "relu", res))
+        y, want = emu.emulate(spec, emu.pair_config(spec, bm, stages, *form), hopper.Second(k2, bn2, "relu", res))
     else:
         text, cfg = emu.CONVS[case]
         y, want = emu.emulate(spec_of(text), hopper.HopperConfig.parse(cfg))

@@ -137,7 +137,9 @@ def emulate(spec, cfg, second=None, rng=None):
     n_steps, c_steps, wgs, taps = H.steps(spec), -(-c // BK), bm // 64, spec.kh * spec.kw
     fused = second is not None
     k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
-    k1_steps, chunks = k // BK, k2 // bn2
+    ranks = k // bn if fused else 1  # the pair's cluster form (its size): block rank bk computes mid's channels bk * bn on
+    k2s = k2 // ranks  # a block's output channels (its rank's share of k2)
+    k1_steps, chunks = k // BK, k2s // bn2
     stages = min(cfg.stages, n_steps)
     r_dim = spec.kh * spec.kw * c
     out = dataclasses.replace(spec, k=k2)
@@ -147,6 +149,8 @@ def emulate(spec, cfg, second=None, rng=None):
     w_at = xs * x_rows * BK
     y_at = w_at + stages * b_rows * BK
     pool = y_at + bm * bn2
+    mid_at = pool  # the cluster's mid (bm rows x k1 in 64-channel boxes), each block's slice and its peers' copies
+    pool += bm * k if ranks > 1 else 0
     residual = second.residual if fused else bool(spec.residual)
     act1, act2 = spec.act, (second.act if fused else spec.act)
 
@@ -166,8 +170,9 @@ def emulate(spec, cfg, second=None, rng=None):
     for (t, j), v in cl.items():
         assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
 
-    for bk in range(k // bn):
-        for bi in range(tiling.blocks):
+    for bi in range(tiling.blocks):
+        blocks = {}  # the cluster's blocks (rank bk: its shared memory, its mid registers) after their first GEMM
+        for bk in range(k // bn):
             smem = np.full(pool, np.nan, np.float32)  # uninitialised: NaN, to catch reads of unwritten rows
             acc = np.zeros((wgs * 64, bn), np.float32)
             for ko in range(n_steps):
@@ -195,7 +200,11 @@ def emulate(spec, cfg, second=None, rng=None):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
             # epilogue 1
             mid = [[{} for _ in range(128)] for _ in range(wgs)]  # per thread: mid register p -> its fp16 pair
-            if fused:
+            if ranks > 1:  # the slice into the block's mid, as the kernel's epilogue indexes it
+                for row, ch, val in fragments(acc, cl, wgs, bn):
+                    smem[mid_at + bk * bn * bm + H.swizzled(row, ch, bm)] = np.float16(
+                        act(val * s[bk * bn + ch] + b[bk * bn + ch], act1))
+            elif fused:
                 for wg in range(wgs):
                     for t in range(128):
                         for j in range(bn // 2):  # register j of pair j // 2: the value where CUTLASS puts it
@@ -219,23 +228,35 @@ def emulate(spec, cfg, second=None, rng=None):
                 for box in range(bn // 64):
                     tma_store(y, smem, y_at + box * bm * 64, ym, [bk * bn + box * 64, *tiling.origin(bi)])
                 continue
+            blocks[bk] = smem, mid
+        for bk, (smem, _) in blocks.items():  # the cluster's push: each slice into every peer, at the same offset
+            for q, (peer, _) in blocks.items():
+                if q != bk:
+                    at = mid_at + bk * bn * bm
+                    peer[at: at + bm * bn] = smem[at: at + bm * bn]
+        for bk, (smem, mid) in blocks.items():
+            c2 = bk * k2s  # the block's first output channel
             for jc in range(chunks):
                 acc2 = np.zeros((wgs * 64, bn2), np.float32)
                 for kc in range(k1_steps):
                     g = n_steps + jc * k1_steps + kc
                     st = g % stages
-                    wa = tma_load2(w2f, (k, k2), k * 2, (BK, bn2), ((g - n_steps) % k1_steps * BK, (g - n_steps) // k1_steps * bn2))
+                    wa = tma_load2(w2f, (k, k2), k * 2, (BK, bn2),
+                                   ((g - n_steps) % k1_steps * BK, c2 + (g - n_steps) // k1_steps * bn2))
                     smem_write_rows(smem, w_at + st * b_rows * BK, wa)
                     for wg in range(wgs):
                         for kk in range(4):
-                            A = register_operand(mid, al, wg, kc, kk)
+                            if ranks > 1:  # mid from shared memory (wgmma's SS form), as the first GEMM's x
+                                A = desc_read(smem, mid_at + kc * bm * BK + wg * 64 * BK + kk * 16, 64)
+                            else:
+                                A = register_operand(mid, al, wg, kc, kk)
                             B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn2)
                             with np.errstate(invalid="ignore"):
                                 acc2[wg * 64:(wg + 1) * 64] = (acc2[wg * 64:(wg + 1) * 64] if kc * 4 + kk > 0 else 0) + A @ B.T
                 if residual:
-                    load_residual(smem, rf, ym, y_at, bm, bn2, [jc * bn2, *tiling.origin(bi)])
+                    load_residual(smem, rf, ym, y_at, bm, bn2, [c2 + jc * bn2, *tiling.origin(bi)])
                 for row, ch, val in fragments(acc2, cl2, wgs, bn2):
-                    pre = val * s2[jc * bn2 + ch] + b2[jc * bn2 + ch]
+                    pre = val * s2[c2 + jc * bn2 + ch] + b2[c2 + jc * bn2 + ch]
                     out_row, pixel = tiling.tile_row(row)
                     if not pixel:
                         continue
@@ -245,7 +266,7 @@ def emulate(spec, cfg, second=None, rng=None):
                     else:
                         smem[at] = np.float16(act(pre, act2))
                 for box in range(bn2 // 64):
-                    tma_store(y, smem, y_at + box * bm * 64, ym, [jc * bn2 + box * 64, *tiling.origin(bi)])
+                    tma_store(y, smem, y_at + box * bm * 64, ym, [c2 + jc * bn2 + box * 64, *tiling.origin(bi)])
 
     # reference
     xp = np.pad(x.astype(np.float32), [(0, 0), (spec.pad_h, spec.pad_h), (spec.pad_w, spec.pad_w), (0, 0)])
@@ -313,7 +334,16 @@ PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=1,h=9,w=10,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 128, True),
     ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 128, 3, 256, 128, True),  # a stride-2 pair
     ("n=1,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 128, 3, 128, 64, True, 1),  # the halo form
+    # the cluster form (its cluster size last): k1 = 512 in 4 slices, a stride-2 one in 2, the halo form in 2
+    ("n=1,h=7,w=7,c=64,k=512,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 512, 64, True, 0, 4),
+    ("n=2,h=10,w=9,c=72,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 64, 3, 256, 64, True, 0, 2),
+    ("n=1,h=9,w=10,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 256, 64, False, 1, 2),
 ]
+
+
+def pair_config(conv, bm: int, stages: int, halo: int = 0, cs: int = 1):
+    """The first GEMM's config of a PAIRS case: its block's channels of mid (all of k1, or a cluster rank's slice)."""
+    return H.HopperConfig(bm=bm, bn=conv.k // cs, stages=stages, halo=halo)
 
 
 def main() -> int:
@@ -324,9 +354,9 @@ def main() -> int:
         good = not np.isnan(y).any() and np.abs(y - ref).max() < 2e-2 * (1 + np.abs(ref).max())
         ok = ok and good
         print(sp, cf, "unwritten output" if np.isnan(y).any() else f"max abs error {np.abs(y - ref).max():.3g}", flush=True)
-    for sp, bm, stages, k2, bn2, res, *halo in PAIRS:
+    for sp, bm, stages, k2, bn2, res, *form in PAIRS:
         spec = ConvSpec.parse(sp + ",dtype=float16")
-        y, ref = emulate(spec, H.HopperConfig(bm=bm, bn=spec.k, stages=stages, halo=sum(halo)), H.Second(k2, bn2, "relu", res))
+        y, ref = emulate(spec, pair_config(spec, bm, stages, *form), H.Second(k2, bn2, "relu", res))
         good = not np.isnan(y).any() and np.abs(y - ref).max() < 2e-2 * (1 + np.abs(ref).max())
         ok = ok and good
         print("pair", sp, f"k2={k2},bn2={bn2}", "unwritten output" if np.isnan(y).any() else
