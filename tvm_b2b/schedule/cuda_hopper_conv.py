@@ -431,7 +431,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     [residual (m, k2)], y (m, k2)): spec the first conv (its k all of k1, one block's channels: cfg.bn == spec.k),
     its epilogue into `mid` (registers), then per chunk of bn2 channels the second GEMM (64 channels of mid a step, w2's
     tiles through the same buffers), its epilogue into one of two output tiles (chunks alternate) and its store,
-    which runs on while the next chunk is computed. Its callers check what the spec and config take."""
+    which runs on while the next chunk is computed. Where cfg.bn < spec.k (the pair's cluster form: k // bn blocks a
+    cluster, blockIdx.x its rank), the epilogue writes the rank's slice of mid into shared memory, pushes it into the
+    peers' (PUSH_SOURCE), and the second GEMM reads all of mid from there for the rank's k2 / cs output channels.
+    Its callers check what the spec and config take."""
     from tvm import tirx
     from tvm.script import tirx as T
 

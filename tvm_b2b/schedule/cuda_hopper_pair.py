@@ -8,7 +8,17 @@ per tap (each tap is one TMA box of x, or one box for all taps in the halo form:
 between two output tiles, so that a chunk's store and the next chunk's residual read run while the next chunk is
 computed. No public library has this kernel on Hopper (CUTLASS's fused example stops at sm_80).
 
-Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid), any stride of the 3x3. Mid in
+The cluster form (config cs=2, 4 or 8; the default where k1 > 256, as ResNet-50's last stage, k1 = 512): a cluster
+of cs blocks owns a pixel tile; block rank r computes k1 / cs channels of mid (its slice) with the same mainloop, its
+epilogue writes them into its shared memory (mid whole, bm x k1, in x's swizzled 64-channel boxes), one thread bulk-
+copies the slice into each peer's shared memory at the same offset (cp.async.bulk shared::cluster, completing on the
+peer's mbarrier: distributed shared memory, no global round trip, no recompute), and once its peers' slices have
+landed the block computes k2 / cs output channels with mid from shared memory (wgmma's SS form). It makes blocks of the
+cs ranks where a layer has few pixel tiles (7x7 at batch 32: 32 tiles, 128 blocks in clusters of 4). Not yet run on a
+GPU: off by default (pair_measured_slower), TVM_B2B_HOPPER_PAIR=all or a config with cs runs it; the numpy emulation
+(bench/experiments/hopper_emulation.py) checks its index math.
+
+Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid) or up to 2048 in a cluster, any stride of the 3x3. Mid in
 registers rather than shared memory measured no faster (H100, bench/results/fused_envab_*_h100_s25.txt: 56x56 64->64->64
 25.6 vs 26.1 us, 64->64->256 +r 69.6 vs 67.5) but frees bm x k1 x 2 bytes of shared memory (32 KiB at k1=128) for buffers.
 ON by default on sm_90 (`TVM_B2B_HOPPER_PAIR=0` turns it off, `all` puts every pair it computes on it) where it measured
@@ -158,8 +168,8 @@ def pair_measured_slower(spec: FusedConvSpec) -> str | None:
     128->128->512 +r 41.3 vs 51.2 us, 56x56/2 128->128->512 +r 44.6 vs 51.5 (before it, 61.0 and 64.8: they ran as two
     convs)."""
     if default_cluster(spec) > 1:
-        return (f"k1={spec.k1} takes the cluster form, not yet measured faster than the two convs "
-                f"({PAIR_ENV}=all runs it)")
+        return (f"k1={spec.k1} takes the cluster form, which has not run on a GPU yet, nor been measured against the two "
+                f"convs ({PAIR_ENV}=all runs it)")
     if spec.stride > 1 and spec.k1 >= 256:
         return f"a strided 3x3 of k1={spec.k1} (stride {spec.stride}): the pair measured no faster than its two convs"
     return None
