@@ -219,6 +219,8 @@ def test_model_runs_its_1x1_convs_on_wgmma_and_compiles(hopper_on, wide_model, t
     convs = conv_kernels(conv_names(model), candidates)
     assert [c["kernel"] for c in convs] == ["tensorcore", "fused-pair", "fused-pair", "tensorcore"], convs
     assert sum("(sm_90's TMA + wgmma kernel)" in c["reason"] for c in convs) == 2, convs
+    # the parameters each kernel runs with (no database: the rules' defaults), as `report` shows them
+    assert all("[default: bm=" in c["reason"] for c in convs), convs
     source = generated_source(compile_module(fuse_pairs(mod, SM90, candidates)[0], SM90), SM90)
     on_tma = [name for name, params in kernels(source).items() if "CUtensorMap" in params]
     assert len(on_tma) == 3, kernels(source)  # the two single convs and the pair (cuda_hopper_pair)
@@ -272,14 +274,16 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
     halves = as_single_convs(pair.spec)
     specs = _specs_to_tune(argparse.Namespace(model=wide_model, spec=None, only=None, rpc=None), SM90)
     assert pair.fused and pair.spec in specs, specs
+    config_of = {}
     for fused_us, fuses in ((5.0, True), (9.0, False)):
         db = TuningDatabase(tmp_path / str(fused_us), lock=True)
         for spec, us in zip((pair.spec, *halves), (fused_us, 3.0, 4.0)):
             rule = rule_for(SM90, kind_of(spec), spec)
-            config = rule.default_config(spec, target_info(SM90)).to_string()
+            config = config_of[spec] = rule.default_config(spec, target_info(SM90)).to_string()
             db.commit_written(WrittenRecord(spec.to_string(), "sm_90", rule.kernel, config, us))
         (measured,) = pairs_of(analyze(wide_model, SM90, dtype="float16", db=str(tmp_path / str(fused_us)))[1])
         assert measured.fused == fuses and (fuses or "measured faster as two single convs" in measured.reason), measured.reason
+        assert not fuses or measured.config == f"tuned: {config_of[pair.spec]}", measured.config  # (what report shows)
 
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),

@@ -78,7 +78,7 @@ def test_report_reasons(model_dir, name, reason, capsys):
     assert main(["report", str(model_dir / f"{name}.onnx"), "--json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
     assert len(pairs) == 1 and not pairs[0]["fused"] and reason in pairs[0]["reason"]
-    assert set(pairs[0]) == {"conv3x3", "conv1x1", "fused", "reason"}
+    assert set(pairs[0]) == {"conv3x3", "conv1x1", "fused", "reason", "config"}
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -229,7 +229,7 @@ def _report(args) -> int:
         return 0
     print(f"{len(pairs)} 3x3 -> 1x1 pair(s), {sum(p.fused for p in pairs)} fused (target {args.target})")
     for p in pairs:
-        what = f"fused: {p.spec.to_string()}" if p.fused else f"not fused: {p.reason}"
+        what = f"fused: {p.spec.to_string()}" + (f" [{p.config}]" if p.config else "") if p.fused else f"not fused: {p.reason}"
         print(f"  {p.conv3x3} -> {p.conv1x1}: {what}")
     print(_conv_counts(convs))
     for c in convs:

@@ -148,10 +148,19 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
         candidate.fused, candidate.reason = False, str(err).removeprefix("target: ")
         return
     candidate.fusable = candidate.kind == PAIR and candidate.plan.fusable
+    candidate.config = config_note(candidate.plan.config, tuned=config is not None)
     if candidate.kind == PAIR and not candidate.plan.fused:
         # its convs are single convs then (the next kind's): the same template, exact extents, split-K
         reason = candidate.plan.reason
         candidate.fused, candidate.plan, candidate.reason = False, None, f"{reason}; its convs run as single convs"
+
+
+def config_note(config, tuned: bool) -> str:
+    """What `report` says of a planned kernel's parameters: "tuned: ..." (the database's record) or "default: ..."
+    (its rule's), "" where the rule has none."""
+    if config is None:
+        return ""
+    return f"{'tuned' if tuned else 'default'}: {config.to_string() if hasattr(config, 'to_string') else config}"
 
 
 def _measured_fusion(candidate, target, db) -> tuple[float, float] | None:
@@ -189,6 +198,8 @@ def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
                 reason += " (sm_90's TMA + wgmma kernel)"
             if c.plan.passed_over:
                 reason += f" (not on {c.plan.passed_over})"
+        if c.config:
+            reason += f" [{c.config}]"
         kernels.update({name: (kernel, reason) for name in c.convs})
     reasons = {}
     for c in candidates:  # the last kind's reason is the one that decided

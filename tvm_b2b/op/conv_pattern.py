@@ -35,13 +35,14 @@ class ConvCandidate:
     kind: str = OP_KIND
     bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv ... last)
     out_shape: tuple = ()  # the replaced value's shape: spec.out_shape, or (n, k) for a matmul
+    config: str = ""  # once planned: the parameters its kernel runs with, tuned or the rule's default ("" where none)
 
     @property
     def convs(self) -> tuple[str]:
         return (self.conv,)
 
     def to_json(self) -> dict:
-        return {"conv": self.conv, "fused": self.fused, "reason": self.reason}
+        return {"conv": self.conv, "fused": self.fused, "reason": self.reason, "config": self.config}
 
     def arguments(self, emit, model_input) -> list:
         """(x, w, s, b[, residual]) as the kernel takes them: w a constant in the spec's dtype, x and

@@ -40,6 +40,7 @@ class Pair:
     fusable: bool = False  # the target's rule can fuse it (where `fused` is False, its policy or a measurement chose not to)
     kind: str = OP_KIND  # the op kind (op.kind) whose pattern found it
     bindings: frozenset = frozenset()  # the Vars whose bindings the op replaces (conv3x3 ... last)
+    config: str = ""  # once planned: the parameters its kernel runs with, tuned or the rule's default ("" where none)
 
     @property
     def out_shape(self) -> tuple:
@@ -52,7 +53,8 @@ class Pair:
         return self.conv3x3, self.conv1x1
 
     def to_json(self) -> dict:
-        return {"conv3x3": self.conv3x3, "conv1x1": self.conv1x1, "fused": self.fused, "reason": self.reason}
+        return {"conv3x3": self.conv3x3, "conv1x1": self.conv1x1, "fused": self.fused, "reason": self.reason,
+                "config": self.config}
 
     def arguments(self, emit, model_input) -> list:
         """The op's inputs in its kernels' order (x, w1, s1, b1, w2, s2, b2[, residual]) as Relax
