@@ -29,7 +29,7 @@
 #                                            then on this tree's with each CFG: a change against its baseline in one call
 #   bash bench/gpu_session.sh singles        the dense pairs fused (mma.sync template) vs their two convs as a model runs them
 #                                            unfused (the 3x3 on TMA + wgmma where it takes it): the fusion policy's measurement
-#   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab); hopperdeep: pairdeep under each
+#   bash bench/gpu_session.sh hopperexp      the s25 profile's experiments: pair GPU tests, one producer warp (envab)
 #   [TRIALS=8] bash bench/gpu_session.sh hoppertune MIN   tune the Hopper pair's configs (tune.written) on the dense N=32 pairs,
 #                                            then bench_fused default vs tuned on that database
 #   [TRIALS=10 CASES="--case SPEC ..."] bash bench/gpu_session.sh clustertune [MIN]   the Hopper pair's cluster form on ResNet-50's
@@ -182,10 +182,6 @@ case "$1" in
               # one producer warp against a warpgroup (envab)
     timeout 150 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py 2>&1 | tail -4
     ENVS="TVM_B2B_HOPPER_PRODUCER=warpgroup TVM_B2B_HOPPER_PRODUCER=warp" LIMIT=110 bash "$0" envab
-    ;;
-  hopperdeep)  # the second (~6 min): the pipeline's depth and 64-pixel tiles (pairdeep) with one producer warp, then a warpgroup
-    for p in warp warpgroup; do TVM_B2B_HOPPER_PRODUCER=$p LIMIT=165 CFGS="${CFGS:-bm=128,bn=64,stages=4,halo=1 \
-bm=128,bn=64,stages=6,halo=1 bm=64,bn=64,stages=3 bm=64,bn=64,stages=4}" bash "$0" pairdeep; done
     ;;
   hoppertune)  # the written kernels' tuning (tune.written) on the dense N=32 pairs (dense_pair_cases): TRIALS configs each
               # (default 8: the default and the configs one knob away) into .tune/db for at most MIN minutes (resumes; the

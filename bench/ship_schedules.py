@@ -92,12 +92,14 @@ def main() -> int:
     before = _shipped_trials(readme)
     new = [database.TuningDatabase(db) for db in args.db if not (os.path.isdir(out) and os.path.samefile(db, out))]
     rows, shipped = [], []
+    written_specs = 0  # specs whose records are a written kernel's configs (written_records.json)
     for spec in specs:
         rule = rule_for(target, kind_of(spec), spec)
         if database.written(rule):  # a written kernel's configs (tune.written)
             best = source.best_written(spec.to_string(), arch, rule.kernel)
             if best is not None:
                 shipped.append(spec)
+                written_specs += 1
                 trials = before.get(spec.to_string(), 0) + sum(len(db.written_for(spec.to_string(), arch, rule.kernel))
                                                                 for db in new)
                 rows.append(f"| `{spec.to_string()}` | {trials} | {best.us:.1f} | `{best.config}` ({rule.kernel}) |")
@@ -122,7 +124,8 @@ def main() -> int:
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     shutil.rmtree(merged, ignore_errors=True)
-    print(f"shipped {kept} records of {len(rows)} workloads to {out}")
+    print(f"shipped {kept} MetaSchedule records of {len(rows) - written_specs} workloads and the written kernels' configs of "
+          f"{written_specs} specs to {out}")
     return 0
 
 

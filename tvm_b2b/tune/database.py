@@ -316,17 +316,24 @@ def best_record(database: TuningDatabase, mod, target):
 def best_us(spec, target, db="auto") -> float | None:
     """Mean µs of the fastest record of the spec's workload (any op kind; a written kernel's: its fastest config) on the
     target's arch in the database `db` ("auto": the target GPU's shipped one), or None where it holds none."""
-    from ..schedule import kind_of, rule_for
-
     directory = find_database(target) if db == "auto" else db
     if not directory or not target_info(target).is_cuda:
         return None
+    rule, best = best_of(spec, target, directory)
+    if best is None:
+        return None
+    return best.us if written(rule) else mean_us(best.run_secs)
+
+
+def best_of(spec, target, directory):
+    """(the rule that runs the spec on the target, its fastest record in `directory` on the target's arch or None): a
+    WrittenRecord where the rule's kernel is written, else MetaSchedule's tuning record of its workload."""
+    from ..schedule import kind_of, rule_for
+
     rule, database = rule_for(target, kind_of(spec), spec), open_database(directory)
     if written(rule):
-        best = database.best_written(spec.to_string(), arch_name(target), rule.kernel)
-        return best.us if best else None
-    record = best_record(database, rule.workload(spec), target)
-    return mean_us(record.run_secs) if record is not None else None
+        return rule, database.best_written(spec.to_string(), arch_name(target), rule.kernel)
+    return rule, best_record(database, rule.workload(spec), target)
 
 
 def written(rule) -> bool:
@@ -431,17 +438,14 @@ def tuned_config(spec, target, directory):
     """The config of the best record in `directory` for this spec on the target's arch, or None.
     Records are keyed on the spec's workload (structural equality; a written kernel's on the spec's text), so a record
     of another shape or GPU arch is never applied."""
-    from ..schedule import kind_of, rule_for
     from ..schedule.cuda_wmma import config_of
 
-    rule, database = rule_for(target, kind_of(spec), spec), open_database(directory)
-    if written(rule):
-        best = database.best_written(spec.to_string(), arch_name(target), rule.kernel)
-        return rule.parse_config(best.config) if best else None
-    record = best_record(database, rule.workload(spec), target)
-    if record is None:
+    rule, best = best_of(spec, target, directory)
+    if best is None:
         return None
-    config = config_of(record.trace)
+    if written(rule):
+        return rule.parse_config(best.config)
+    config = config_of(best.trace)
     if config is None:
         log.warning("%s: its record of %s predates the config annotations of tvm-b2b's schedules and is not used; "
                     "convert the database with bench/migrate_records.py", directory, spec.to_string())
