@@ -121,17 +121,18 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
 
 
 def test_resnet50_batch32_builds_for_sm90_on_hopper_kernels(exports, tmp_path, monkeypatch):
-    """With TVM_B2B_HOPPER=all and TVM_B2B_HOPPER_PAIR=all (schedule/cuda_hopper_*.py): 13 of ResNet-50's 16 pairs
-    fuse on the TMA + wgmma pair kernel (the other three have k1 = 512), every other conv but the stem runs on the TMA
-    + wgmma conv kernel, and the whole CUDA compiles for sm_90a."""
+    """With TVM_B2B_HOPPER=all and TVM_B2B_HOPPER_PAIR=all (schedule/cuda_hopper_*.py): all 16 of ResNet-50's pairs
+    fuse on the TMA + wgmma pair kernel (the last stage's three, k1 = 512, in its cluster form), every other conv but
+    the stem runs on the TMA + wgmma conv kernel, and the whole CUDA compiles for sm_90a."""
     monkeypatch.setenv("TVM_B2B_HOPPER", "all")
     monkeypatch.setenv("TVM_B2B_HOPPER_PAIR", "all")
     path = exports("resnet50", 32, 224)
     candidates, source = build_for_sm90(path, tmp_path)
-    assert sum(p.fused for p in pairs_of(candidates)) == 13
+    pairs = pairs_of(candidates)
+    assert sum(p.fused for p in pairs) == 16 and sum("cs=4" in p.config for p in pairs) == 3, [p.config for p in pairs]
     convs = conv_kernels(conv_names(onnx.load(path)), candidates)
     assert [c["name"] for c in convs if c["kernel"] == "tensorcore" and "wgmma" not in c["reason"]] == ["/conv1/Conv"]
-    assert len([k for k, params in kernels(source).items() if "CUtensorMap" in params]) == 13 + 53 - 26 - 1
+    assert len([k for k, params in kernels(source).items() if "CUtensorMap" in params]) == 16 + 53 - 32 - 1
     compiles_for_sm90a(source, tmp_path)
 
 
