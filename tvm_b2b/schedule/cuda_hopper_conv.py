@@ -70,6 +70,13 @@ __forceinline__ __device__ void tvm_b2b_fence_barrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 """  # the mbarrier inits, visible to the cluster (CUTLASS's fence_barrier_init) before the cluster barrier
+CLUSTER_SYNC_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+"""  # the kernel's last cluster barrier, where the producer's lanes come from divergent code: barrier.cluster without
+# .aligned (T.cuda.cluster_sync's is .aligned, which asks every thread of a warp to execute it together)
 PUSH_SOURCE = """
 __forceinline__ __device__ void tvm_b2b_push_slice(void* slice, void* bar, unsigned bytes, unsigned peer) {
   unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(slice));
@@ -754,7 +761,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 T.ptx.cp.async_.bulk.commit_group()
                 T.ptx.cp.async_.bulk.wait_group(0)
         if cluster:  # no block exits (its shared memory gone) while its slice is still being copied to a peer
-            T.cuda.cluster_sync()
+            T.cuda.func_call("tvm_b2b_cluster_sync", source_code=CLUSTER_SYNC_SOURCE)
 
     unused = {"w2", "s2", "b2"} if not fused else set()
     unused |= {"r"} if not residual else set()  # the parameters of cuda_conv's kernel (the body does not read these)
