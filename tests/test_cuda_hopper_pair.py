@@ -153,8 +153,7 @@ def test_cluster_form_takes_k1_over_one_wgmma():
     assert pair.cluster_sizes(spec_of("n=1,h=7,w=7,c=64,k1=128,k2=192")) == [1]
     slice_pair = spec_of("n=32,h=7,w=7,c=512,k1=128,k2=512,residual=1")  # what one block computes, mid aside
     assert pair.shared_bytes(spec, cfg) == pair.shared_bytes(slice_pair, dataclasses.replace(cfg, cs=1)) + 64 * 512 * 2
-    plain = dataclasses.replace(cfg, cs=1)
-    assert "cs=4" in pair.pair_config_problem(spec_of("n=1,h=7,w=7,c=64,k1=256,k2=192"), dataclasses.replace(plain, cs=4))
+    assert "cs=4" in pair.pair_config_problem(spec_of("n=1,h=7,w=7,c=64,k1=256,k2=192"), cfg)
     with pytest.raises(ValueError, match="cs one of"):
         pair.HopperConfig.parse("bm=64,cs=3")
     info = target_info(SM90)

@@ -626,7 +626,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         mid_full = T.alloc_buffer((1,), "uint64", scope="shared", align=8)  # the peers' slices of mid, pushed in
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
-        mid = T.alloc_buffer((acc_regs // 2 if fused else 1,), "uint32", scope="local")  # the pair's mid (mid_register)
+        # the pair's mid (mid_register; the cluster form's is in shared memory)
+        mid = T.alloc_buffer((acc_regs // 2 if fused and not cluster else 1,), "uint32", scope="local")
         desc_x: T.uint64  # TIRx declares a local scalar by annotation (linters see a name without a value)
         desc_w: T.uint64
         wg = T.meta_var(tx // 128)
