@@ -20,7 +20,8 @@ GPU: off by default (pair_measured_slower), TVM_B2B_HOPPER_PAIR=all or a config 
 
 Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid) or up to 2048 in a cluster, any
 stride of the 3x3. Mid in registers rather than shared memory measured no faster (H100,
-bench/results/fused_envab_*_h100_s25.txt: 56x56 64->64->64 25.6 vs 26.1 us, 64->64->256 +r 69.6 vs 67.5) but frees bm x k1 x 2 bytes of shared memory (32 KiB at k1=128) for buffers.
+bench/results/fused_envab_*_h100_s25.txt: 56x56 64->64->64 25.6 vs 26.1 us, 64->64->256 +r 69.6 vs 67.5) but frees
+bm x k1 x 2 bytes of shared memory (32 KiB at k1=128) for buffers.
 ON by default on sm_90 (`TVM_B2B_HOPPER_PAIR=0` turns it off, `all` puts every pair it computes on it) where it measured
 faster than the pair's other forms: H100, batch 32 (bench/results/fused_hopper_pairs_h100_s23.txt, against the two convs
 as a model runs them unfused): 56x56 64->64->256 +r 67.4 us vs 84.7 (and vs cuda_wmma's fused kernel in ResNet-50, 64-67
