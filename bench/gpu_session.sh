@@ -35,6 +35,7 @@
 #   [TRIALS=10 CASES="--case SPEC ..."] bash bench/gpu_session.sh clustertune [MIN]   the Hopper pair's cluster form on ResNet-50's
 #                                            k1 >= 256 pairs at batch 32: GPU tests, clusters of 2-8 vs the two convs; MIN > 0: tuning too
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
+#   [CASES="SPEC ..."] bash bench/gpu_session.sh sourcencu   where the Hopper kernels' warps wait, per SASS instruction (ncu)
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
 #                                            tree's under each VAR=V: a switch's A/B in one call
@@ -323,6 +324,19 @@ case "$1" in
       TVM_B2B_HOPPER_PAIR=all timeout 120 ncu --clock-control none -k "regex:${KERNEL:-wgmma}" --launch-skip 1 --launch-count 1 \
         $sections python3 bench/profile_kernel.py --case "$case,dtype=float16" --source "$out/kernel_$i.cu" > "$out/ncu_$i.txt" 2>&1
       echo "== $case"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|Bank|Pipe|^ *(OPT|WRN)" "$out/ncu_$i.txt" | cut -c1-150 | head -60
+    done
+    ;;
+  sourcencu)  # Nsight Compute's warp-state sampling per SASS instruction (bench/ncu_source.py) of each of CASES' kernel (default:
+              # ResNet-50's slowest convs against their rooflines at batch 32 and its first pair), default configs, on TMA + wgmma
+    i=0
+    for case in ${CASES:-n=32,h=56,w=56,c=256,k=128,kh=1,kw=1 n=32,h=56,w=56,c=64,k=256,kh=1,kw=1 n=32,h=7,w=7,c=512,k=512,kh=3,kw=3,pad_h=1,pad_w=1 n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1}; do
+      i=$((i + 1))
+      TVM_B2B_HOPPER=all TVM_B2B_HOPPER_PAIR=all timeout 150 ncu --clock-control none -k "regex:${KERNEL:-wgmma}" --launch-skip 1 \
+        --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters -f -o "$out/src_$i" \
+        python3 bench/profile_kernel.py --case "$case,dtype=float16" --source "$out/src_$i.cu" > "$out/src_$i.log" 2>&1
+      ncu -i "$out/src_$i.ncu-rep" --page source --csv --print-source sass > "$out/src_$i.csv" 2>&1
+      echo "== $case"; grep -E "Duration|kernels" "$out/src_$i.log" | head -3
+      python3 bench/ncu_source.py "$out/src_$i.csv" --top 25 2>&1 | cut -c1-200
     done
     ;;
   tunemodels)  # the models one after another until MIN minutes are spent (a rerun continues where it stopped)
