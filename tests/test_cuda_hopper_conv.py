@@ -176,6 +176,8 @@ def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, ca
                         "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta", "mbarrier.try_wait.parity", "wgmma.wait_group"):
         assert instruction in source, instruction
     assert "wait_group_sync_aligned_1" in source  # one step's wgmma in flight while the next is issued (2+ buffers)
+    # the block exits once its store has read the output tile, not once the store's writes are done
+    assert "cp.async.bulk.wait_group.read 0" in source and "cp.async.bulk.wait_group 0" not in source
     compiles_for_sm90a(source, tmp_path)
 
 

@@ -760,7 +760,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     T.ptx[store](T.address_of(y_map), bk * bn + box * 64, *tiling.origin(bi),
                                  T.address_of(tiles[y_at + box * bm * 64]))
                 T.ptx.cp.async_.bulk.commit_group()
-                T.ptx.cp.async_.bulk.wait_group(0)
+                # until the store has READ the tile (the block's shared memory stays until then), not until its
+                # writes are done: the grid's end makes them visible (CUTLASS's tma_store_wait), and the SM takes
+                # its next block meanwhile
+                T.ptx.cp.async_.bulk.wait_group.read(0)
         if cluster:  # no block exits (its shared memory gone) while its slice is still being copied to a peer
             T.cuda.func_call("tvm_b2b_cluster_sync", source_code=CLUSTER_SYNC_SOURCE)
 
