@@ -4,6 +4,8 @@ nvcc sm_90a compile of it alone and inside a whole model. GPU (sm_90 only): the 
 onnxruntime. What it measures: `bash bench/gpu_session.sh hopper`."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cuda_source import compiles_for_sm90a, kernels, skip_unless_sm90
 from tvm_b2b import ConvSpec, build
@@ -34,7 +36,12 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=2,h=14,w=14,c=128,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=128,stages=4,halo=1"),
          ("n=1,h=10,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3,halo=1"),
          ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4,halo=1"),
-         ("n=1,h=9,w=60,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2,halo=1")]
+         ("n=1,h=9,w=60,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2,halo=1"),
+         # persistent grids (132 blocks, one an SM at 160 KiB): 196 tiles; 392 (+residual, 8 channel blocks); a strided
+         # 3x3's 448 on 264 blocks (two an SM), the last tile ragged
+         ("n=32,h=28,w=28,c=512,k=128", "bm=128,bn=128,stages=4,persist=1"),
+         ("n=32,h=14,w=14,c=256,k=1024,residual=1", "bm=128,bn=128,stages=4,persist=1"),
+         ("n=17,h=27,w=28,c=128,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1")]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -158,6 +165,32 @@ def test_halo_form_shared_memory():
     cfg = hopper.HopperConfig(bm=128, bn=64, stages=4, halo=1)
     assert hopper.x_buffers(spec, cfg) == (2, 248)
     assert hopper.shared_bytes(spec, cfg) == (2 * 248 * 64 + 4 * 64 * 64 + 128 * 64) * 2
+
+
+@given(tiles=st.integers(1, 3000), blocks=st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_persistent_grid_takes_each_tile_once(tiles, blocks):
+    """persist=1: the grid's blocks take every tile exactly once, at most one more than any other block, and at each
+    step the resident blocks take consecutive tiles (which share pixel blocks: channel blocks run fastest)."""
+    grid = hopper.persistent_grid(tiles, blocks)
+    taken = [(b, it, b + it * grid) for b in range(grid) for it in range(hopper.tiles_of(b, grid, tiles))]
+    assert sorted(t for _, _, t in taken) == list(range(tiles))
+    counts = [hopper.tiles_of(b, grid, tiles) for b in range(grid)]
+    assert max(counts) - min(counts) <= 1 and grid == min(tiles, hopper.SM90_SMS * blocks)
+    assert all(hopper.tile_at(b, it, grid, 4) == (t % 4, t // 4) for b, it, t in taken)
+
+
+def test_persistent_kernel_loops_over_its_tiles_and_compiles(hopper_on, tmp_path):
+    """persist=1: one block an SM (160 KiB of shared memory) loops over tiles b, b + 132, ... (784 of them), its
+    producer's ring of buffers going on from tile to tile, the next tile's residual loaded once the store has read the
+    output tile; __launch_bounds__ without a minimum (one block an SM); nvcc compiles it for sm_90a."""
+    spec, cfg = spec_of("n=32,h=56,w=56,c=256,k=128,residual=1"), "bm=128,bn=128,stages=4,persist=1"
+    source = build(spec, "cuda:sm_90", config=cfg, db=None).source()
+    assert hopper.resident_blocks(hopper.shared_bytes(spec, hopper.HopperConfig.parse(cfg)), 384, 64) == 1
+    assert "(915 - ((int)blockIdx.y)) / 132" in source  # the block's tiles: (784 - b + 131) // 132
+    assert source.count("cp.async.bulk.wait_group.read 0") == 1 and "__launch_bounds__(384)" in source
+    assert source.count("bar_sync_count_sync((uint)8, (uint)256)") == 1  # the consumers' barrier before each store
+    compiles_for_sm90a(source, tmp_path)
 
 
 @pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7] + CASES[10:11])
@@ -289,12 +322,14 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
-                                         (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair")])
+                                         (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair"),
+                                         (15, None), (16, None), (17, None)])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
     own maps and coordinates, computes the conv (and a pair, in its cluster form too: each rank's slice of mid pushed
-    into its peers', each rank's share of k2) within fp16 rounding, and writes every output."""
+    into its peers', each rank's share of k2; a persistent grid's blocks, several tiles each, their shared memory kept
+    from tile to tile) within fp16 rounding, and writes every output."""
     import os
     import sys
 

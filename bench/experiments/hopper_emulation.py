@@ -19,6 +19,7 @@ from tvm_b2b.schedule import cuda_hopper_conv as H  # noqa: E402
 from tvm_b2b.op.conv import ConvSpec  # noqa: E402
 
 BK = H.BK
+EMULATED_SMS = 1  # a persistent grid's SMs: with so few, its blocks take several tiles of the small convs emulated
 
 
 def tma_load(flat, dims, strides_b, box, coords, element_strides=(1, 1, 1, 1)):
@@ -170,10 +171,13 @@ def emulate(spec, cfg, second=None, rng=None):
     for (t, j), v in cl.items():
         assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
 
-    for bi in range(tiling.blocks):
+    resident = {}  # a persistent grid's blocks: their shared memory, which stays from tile to tile
+    for bi, visits in pixel_blocks(spec, cfg, tiling, pool * 2, fused):
         blocks = {}  # the cluster's blocks (rank bk: its shared memory, its mid registers) after their first GEMM
-        for bk in range(k // bn):
-            smem = np.full(pool, np.nan, np.float32)  # uninitialised: NaN, to catch reads of unwritten rows
+        for bk, block in visits:
+            # uninitialised: NaN, to catch reads of unwritten rows (a persistent block's: what its last tile left)
+            smem = resident.setdefault(block, np.full(pool, np.nan, np.float32)) if block is not None else (
+                np.full(pool, np.nan, np.float32))
             acc = np.zeros((wgs * 64, bn), np.float32)
             for ko in range(n_steps):
                 st = ko % stages
@@ -286,6 +290,21 @@ def emulate(spec, cfg, second=None, rng=None):
     return y, ref
 
 
+def pixel_blocks(spec, cfg, tiling, dynamic_bytes: int, fused: bool):
+    """[(pixel block, [(channel block, persistent block or None), ...]), ...] in the order the kernel's blocks take
+    them: every channel block of each pixel block (a block a tile; the pair's cluster), or a persistent grid's blocks'
+    tiles (persist=1: tile_at), each tile once (asserted)."""
+    channel_blocks = spec.k // cfg.bn
+    if not cfg.persist or fused:
+        return [(bi, [(bk, None) for bk in range(channel_blocks)]) for bi in range(tiling.blocks)]
+    tiles = channel_blocks * tiling.blocks
+    threads = 128 * (cfg.bm // 64) + H.producer_threads(cfg)
+    grid = H.persistent_grid(tiles, H.resident_blocks(dynamic_bytes, threads, cfg.bn // 2), EMULATED_SMS)
+    order = [(b, *H.tile_at(b, it, grid, channel_blocks)) for b in range(grid) for it in range(H.tiles_of(b, grid, tiles))]
+    assert sorted(bi * channel_blocks + bk for _, bk, bi in order) == list(range(tiles)), "persistent tiles"
+    return [(bi, [(bk, b)]) for b, bk, bi in order]
+
+
 def load_residual(smem, rf, ym, y_at, bm, channels, coords):
     """The residual tile's TMA loads (y's map on r, in boxes of 64 channels) into the output tile."""
     for box in range(channels // 64):
@@ -327,6 +346,10 @@ CONVS = [
     ("n=2,h=14,w=14,c=128,k=64,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=4,halo=1"),  # the halo form
     ("n=1,h=6,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=3,halo=1"),  # 4 channel steps, 2 buffers
     ("n=1,h=8,w=8,c=16,k=64,kh=5,kw=5,pad_h=2,pad_w=2", "bm=128,bn=64,stages=4,halo=1"),
+    # persistent grids (EMULATED_SMS): 4 tiles on 3 blocks; 6 (+residual) on 3; a strided 3x3's 8 (+residual) on 3
+    ("n=2,h=7,w=9,c=64,k=128", "bm=64,bn=64,stages=2,persist=1"),
+    ("n=2,h=9,w=8,c=256,k=128,residual=1,act=relu6", "bm=64,bn=64,stages=3,persist=1"),
+    ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
 ]
 PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),

@@ -43,6 +43,7 @@ from ..target import max_shared_bytes
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
 PRODUCER_ENV = "TVM_B2B_HOPPER_PRODUCER"  # "warpgroup" (default) or "warp": the producer's threads (producer_threads)
+PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1": a conv's default config takes a persistent grid (persistent_grid); "0" (default)
 SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
 MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
@@ -105,10 +106,11 @@ class HopperConfig:
     halo: int = 0  # 1: one box of x for all taps of a 64-channel step (Tiling's halo form), stride-1 convs
     warp: int = 0  # 1: the producer is one warp, not a warpgroup (producer_threads)
     cs: int = 1  # the fused pair's blocks a cluster: each computes k1 / cs channels of mid (cuda_hopper_pair)
+    persist: int = 0  # 1: a conv's blocks stay resident and loop over its tiles (persistent_grid)
 
     def to_string(self) -> str:
         return f"bm={self.bm},bn={self.bn},stages={self.stages}" + (",halo=1" if self.halo else "") + (
-            ",warp=1" if self.warp else "") + (f",cs={self.cs}" if self.cs > 1 else "")
+            ",warp=1" if self.warp else "") + (f",cs={self.cs}" if self.cs > 1 else "") + (",persist=1" if self.persist else "")
 
     @classmethod
     def parse(cls, text: str) -> "HopperConfig":
@@ -116,12 +118,12 @@ class HopperConfig:
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"config: {sorted(unknown)[0]} is not a parameter of sm_90's Hopper kernel (bm, bn, stages, "
-                             "halo, warp, cs) nor of the mma.sync template's, the kernels that run this op")
+                             "halo, warp, cs, persist) nor of the mma.sync template's, the kernels that run this op")
         cfg = cls(**{k: int(v) for k, v in values.items()})
         if cfg.bm not in (64, 128) or cfg.bn not in (64, 128, 256) or not 1 <= cfg.stages <= 8 or (
-                {cfg.halo, cfg.warp} - {0, 1} or cfg.cs not in CLUSTER_SIZES):
-            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo and warp "
-                             f"0 or 1, cs one of {CLUSTER_SIZES}")
+                {cfg.halo, cfg.warp, cfg.persist} - {0, 1} or cfg.cs not in CLUSTER_SIZES):
+            raise ValueError(f"config: {cfg.to_string()}: bm is 64 or 128, bn 64, 128 or 256, stages 1 to 8, halo, warp "
+                             f"and persist 0 or 1, cs one of {CLUSTER_SIZES}")
         return cfg
 
     @classmethod
@@ -193,6 +195,14 @@ def flat(spec: ConvSpec) -> bool:
     return (spec.kh, spec.kw, spec.stride, spec.pad_h, spec.pad_w) == (1, 1, 1, 0, 0)
 
 
+def persist_default() -> int:
+    """HopperConfig.persist of a conv's default config: TVM_B2B_HOPPER_PERSIST (0 unless set: not yet measured)."""
+    mode = os.environ.get(PERSIST_ENV, "0")
+    if mode not in ("0", "1"):
+        raise ValueError(f"{PERSIST_ENV}={mode}: 0 or 1")
+    return int(mode)
+
+
 def default_config(spec: ConvSpec) -> HopperConfig:
     """128 channels where they divide k, 256 for a reduction of 1-2 steps (an x tile read once feeds more channels:
     H200, 28x28 128->512 +r at batch 32, 25.4 vs 32.1 us); 64 pixels where 128 leave SMs idle (7x7 2048->512 at batch
@@ -201,11 +211,12 @@ def default_config(spec: ConvSpec) -> HopperConfig:
     bn = 256 if steps(spec) <= 2 and spec.k % 256 == 0 else 128 if spec.k % 128 == 0 else 64
     if halo_wins(spec):
         return HopperConfig.default(bm=128, bn=bn, halo=1)
+    persist = persist_default()
     if flat(spec):
-        return HopperConfig.default(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn)
+        return HopperConfig.default(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn, persist=persist)
     if spec.wo > 64:
-        return HopperConfig.default(bn=bn)
-    return HopperConfig.default(bm=64 if Tiling(spec, 64).used >= Tiling(spec, 128).used else 128, bn=bn)
+        return HopperConfig.default(bn=bn, persist=persist)
+    return HopperConfig.default(bm=64 if Tiling(spec, 64).used >= Tiling(spec, 128).used else 128, bn=bn, persist=persist)
 
 
 @dataclass(frozen=True)
@@ -336,6 +347,36 @@ def blocks_per_sm(dynamic_bytes: int) -> int:
     return max(1, min(3, 228 * 1024 // (dynamic_bytes + 2048)))
 
 
+PERSIST_REGISTERS = 40  # a consumer thread's registers beside its accumulators (ptxas -v: 85 at 32 accumulators)
+
+
+def resident_blocks(dynamic_bytes: int, threads: int, acc_regs: int) -> int:
+    """The blocks of a persistent grid an SM holds: as shared memory holds them (blocks_per_sm), and as its 64K
+    registers do at acc_regs + PERSIST_REGISTERS a thread (nvcc is held to that: __launch_bounds__; more blocks than it
+    compiles for would not all be resident, and those left out would run after the others)."""
+    return max(1, min(blocks_per_sm(dynamic_bytes), 65536 // (threads * (acc_regs + PERSIST_REGISTERS))))
+
+
+def persistent_grid(tiles: int, blocks: int, sms: int = SM90_SMS) -> int:
+    """persist=1: the blocks that stay resident, `blocks` an SM (resident_blocks), each computing tiles b, b + grid, ...
+    (tile_at). A block's producer then loads its next tile's steps while its consumers finish the last one's epilogue
+    and store (CUTLASS's persistent kernels): a block a tile leaves its SM idle while its first loads land and its
+    epilogue runs, one block an SM at 160 KiB."""
+    return min(tiles, sms * blocks)
+
+
+def tiles_of(b, grid: int, tiles: int):
+    """The tiles block b of a persistent grid computes (b: int or TIR expression)."""
+    return (tiles - b + grid - 1) // grid
+
+
+def tile_at(b, it, grid: int, channel_blocks: int):
+    """(channel block, pixel block) of block b's it-th tile of a persistent grid: the grid's blocks take consecutive
+    tiles at once, which share pixel blocks (x's tile, from L2) as the channel blocks of a block a tile do."""
+    t = b + it * grid
+    return t % channel_blocks, t // channel_blocks
+
+
 def steps(spec: ConvSpec) -> int:
     """Reduction steps: 64 channels of one tap each."""
     return spec.kh * spec.kw * -(-spec.c // BK)
@@ -421,7 +462,8 @@ def conv_config_problem(spec: ConvSpec, cfg: HopperConfig) -> str | None:
     return spec_problem(spec) or (cfg.cs > 1 and f"cs={cfg.cs}: a cluster is the fused pair's (k1 split), not a conv's") or (
         spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
         not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
-        cfg.halo and halo_problem(spec, cfg.bm)) or None
+        cfg.halo and halo_problem(spec, cfg.bm)) or (
+        cfg.persist and cfg.halo and "persist=1 takes the taps' form (halo=0)") or None
 
 
 def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
@@ -487,7 +529,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     mid_at = pool  # the cluster's mid (bm rows x k1, 64-channel boxes as x's tile): each block's slice, its peers' pushed in
     pool += bm * k if cluster else 0
     slice_bytes = bm * bn * 2  # a block's slice of mid
-    min_blocks = blocks_per_sm(pool * 2) if cfg.warp else 1  # (one producer warp: as shared memory holds)
+    persist = bool(cfg.persist) and not fused  # (a conv's: persistent_grid)
+    channel_blocks = k // bn
+    n_tiles = channel_blocks * tiling.blocks
+    resident = resident_blocks(pool * 2, threads, acc_regs)
+    grid = persistent_grid(n_tiles, resident) if persist else 0
+    # (one producer warp: as many blocks an SM as shared memory holds; a persistent grid: as it takes)
+    min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
 
@@ -506,6 +554,84 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         for box in T.serial(bn2 // 64):
             T.ptx[load](T.address_of(tiles[at + box * bm * 64]), T.address_of(r_map), channel + box * 64,
                         *tiling.origin(bi), T.address_of(res_full[tile]))
+
+    def first_tile(bk, bi):
+        """(channel block, pixel block) of the block's first tile: its own (a block a tile), or tile_at's."""
+        return tile_at(bi, 0, grid, channel_blocks) if persist else (bk, bi)
+
+    @T.macro
+    def load_step(tiles, full, x_map, w_map, g, ko, bk, bi):
+        """Step ko of tile (bk, bi) (taps' form) into ring buffer g % stages: x's box of its tap, w's tile."""
+        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(tx_bytes))
+        T.ptx[load](T.address_of(tiles[g % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
+                    *tiling.tap(bi, ko // c_steps), T.address_of(full[g % stages]))
+        T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
+                      ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[g % stages]))
+
+    @T.macro
+    def conv_stores(tiles, acc, s, b, tx, bk):
+        """The conv's epilogue: accumulator pair p (fragment), scale, bias [, residual], act, as one half2 store into
+        the swizzled output tile (its pixels' rows: Tiling.tile_row)."""
+        wg = T.meta_var(tx // 128)
+        for p in T.unroll(acc_regs // 2):
+            row, ch = T.meta_var(fragment(tx, wg, p))
+            lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
+            hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
+            out_row, pixel = T.meta_var(tiling.tile_row(row))
+            at = T.meta_var(y_at + swizzled(out_row, ch, bm))
+            out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual))
+            if pixel:
+                T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
+
+    @T.macro
+    def store_tile(tiles, y_map, bk, bi):
+        """The output tile's TMA store, in boxes of 64 channels; returns once the store has READ the tile (the block's
+        shared memory stays until then, and the next tile's epilogue writes it), not once its writes are done: the
+        grid's end makes them visible (CUTLASS's tma_store_wait), and the SM goes on meanwhile."""
+        for box in T.serial(boxes):
+            T.ptx[store](T.address_of(y_map), bk * bn + box * 64, *tiling.origin(bi),
+                         T.address_of(tiles[y_at + box * bm * 64]))
+        T.ptx.cp.async_.bulk.commit_group()
+        T.ptx.cp.async_.bulk.wait_group.read(0)
+
+    @T.macro
+    def first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, base):
+        """The (first) conv's reduction into acc, step ko of a tile in ring buffer (base + ko) % stages (base: the
+        block's steps of earlier tiles, persist=1), each step's buffer released once its wgmma are done (with 2+
+        buffers a step later: the last one's is the caller's)."""
+        wg = T.meta_var(tx // 128)
+        for ko in T.serial(n_steps):
+            g = T.meta_var(base + ko)
+            if halo and ko % taps == 0:
+                T.cuda.mbarrier_wait(T.address_of(x_full[ko // taps % xs]), (ko // taps // xs) % 2)
+            T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
+            T.ptx.wgmma.fence.sync.aligned()
+            # A: x's box of the step, or the halo box from the tap's row on
+            a_at = T.meta_var(ko // taps % xs * x_rows * BK + tiling.shift(ko % taps) * BK if halo else g % stages * bm * BK)
+            # the start address moves 32 B per step inside the swizzle atom; a halo tap's starts rows into it: the
+            # descriptor's base offset stays 0, as wgmma swizzles the address itself (H100: a base offset of
+            # (start >> 7) & 7, as the PTX ISA describes it, computed wrong results; 0 matched numpy)
+            for kk in T.unroll(BK // WGMMA_K):
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
+                    tiles[a_at + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
+                    tiles[w_at + g % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                T.ptx[mma](*[acc[i] for i in range(acc_regs)], desc_x, desc_w,  # noqa: F821
+                           ko * (BK // WGMMA_K) + kk > 0,
+                           1, 1, 0, 0)
+            T.ptx.wgmma.commit_group.sync.aligned()
+            if overlap:  # this step's wgmma run on while the next step's wait and issue go on: release the last's
+                T.ptx.wgmma.wait_group.sync.aligned(1)
+                if ko > 0 and tx % 32 == 0:  # each warp, once its wait returned
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(g + stages - 1) % stages]))
+                    if halo and ko % taps == 0:  # the last step was the last tap of its channel step
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[(ko // taps + xs - 1) % xs]))
+            else:
+                T.ptx.wgmma.wait_group.sync.aligned(0)
+                if tx % 32 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
+                    if halo and ko % taps == taps - 1:
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[ko // taps % xs]))
 
     # nvcc's registers (an H100 or H200 SM holds 2 blocks of 384 threads at 85 or fewer): 74 for a 56x56 k1=64 pair with 2
     # chunks unrolled (100 in a loop), with 4 chunks 74 in a loop (90 unrolled)
@@ -613,7 +739,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         T.device_entry()
         if min_blocks > 1:  # __launch_bounds__(threads, min_blocks): nvcc keeps the registers to that many blocks an SM
             T.attr({"tirx.launch_bounds_min_blocks_per_sm": min_blocks})
-        bk, bi = T.cta_id([k // bn, tiling.blocks])  # (the pair's: bk its cluster rank, bi the cluster's pixels)
+        # (the pair's: bk its cluster rank, bi the cluster's pixels; a persistent grid's: bi the block, tile_at its tiles)
+        bk, bi = T.cta_id([1, grid] if persist else [channel_blocks, tiling.blocks])
         if cluster:
             _rank = T.cta_id_in_cluster([cs])  # (declares the cluster: blockIdx.x's cs blocks of one pixel tile)
         tx = T.thread_id([threads])
@@ -649,67 +776,67 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.cuda.cluster_sync()
         else:
             T.cuda.cta_sync()
-        if residual and tx == 0:  # the (first chunk's) residual tile, read while the mainloop runs
-            load_residual(tiles, r_map, res_full, bi, y_at, out_channel(bk), 0)
+        if residual and tx == 0:  # the (first chunk's or tile's) residual tile, read while the mainloop runs
+            first_k, first_i = T.meta_var(first_tile(bk, bi))
+            load_residual(tiles, r_map, res_full, first_i, y_at, out_channel(first_k), 0)
         if wg == wgs:  # the producer: one thread issues every step's copies (step ko: tap ko // c_steps)
-            if tx == wgs * 128:
-                for ko in T.serial(all_steps):
-                    if ko >= stages:  # the buffer's step `stages` earlier, released by every consumer warp
-                        T.cuda.mbarrier_wait(T.address_of(empty[ko % stages]), (ko // stages + 1) % 2)
-                    if halo and ko < n_steps:  # step ko: tap ko % taps of channel step ko // taps, whose box it reads
-                        if ko % taps == 0:  # the channel step's box, once its buffer's step xs earlier is done
-                            if ko >= xs * taps:
-                                T.cuda.mbarrier_wait(T.address_of(x_empty[ko // taps % xs]), (ko // taps // xs + 1) % 2)
-                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(x_full[ko // taps % xs]),
-                                                                       T.uint32(halo_bytes))
-                            T.ptx[load](T.address_of(tiles[ko // taps % xs * x_rows * BK]), T.address_of(x_map),
-                                        ko // taps * BK, *tiling.tap(bi, 0), T.address_of(x_full[ko // taps % xs]))
-                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
-                        T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
-                                      ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[ko % stages]))
-                    elif ko < n_steps:
-                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
-                        T.ptx[load](T.address_of(tiles[ko % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
-                                    *tiling.tap(bi, ko // c_steps), T.address_of(full[ko % stages]))
-                        T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
-                                      ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[ko % stages]))
-                    else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
-                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
-                        T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
-                                      (ko - n_steps) % k1_steps * BK, out_channel(bk) + (ko - n_steps) // k1_steps * bn2,
-                                      T.address_of(full[ko % stages]))
-        else:
-            for ko in T.serial(n_steps):
-                if halo and ko % taps == 0:
-                    T.cuda.mbarrier_wait(T.address_of(x_full[ko // taps % xs]), (ko // taps // xs) % 2)
-                T.cuda.mbarrier_wait(T.address_of(full[ko % stages]), (ko // stages) % 2)
-                T.ptx.wgmma.fence.sync.aligned()
-                # A: x's box of the step, or the halo box from the tap's row on
-                a_at = T.meta_var(ko // taps % xs * x_rows * BK + tiling.shift(ko % taps) * BK if halo else ko % stages * bm * BK)
-                # the start address moves 32 B per step inside the swizzle atom; a halo tap's starts rows into it: the
-                # descriptor's base offset stays 0, as wgmma swizzles the address itself (H100: a base offset of
-                # (start >> 7) & 7, as the PTX ISA describes it, computed wrong results; 0 matched numpy)
-                for kk in T.unroll(BK // WGMMA_K):
-                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
-                        tiles[a_at + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
-                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
-                        tiles[w_at + ko % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
-                    T.ptx[mma](*[acc[i] for i in range(acc_regs)], desc_x, desc_w,  # noqa: F821
-                               ko * (BK // WGMMA_K) + kk > 0,
-                               1, 1, 0, 0)
-                T.ptx.wgmma.commit_group.sync.aligned()
-                if overlap:  # this step's wgmma run on while the next step's wait and issue go on: release the last's
-                    T.ptx.wgmma.wait_group.sync.aligned(1)
-                    if ko > 0 and tx % 32 == 0:  # each warp, once its wait returned
-                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(ko + stages - 1) % stages]))
-                        if halo and ko % taps == 0:  # the last step was the last tap of its channel step
-                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[(ko // taps + xs - 1) % xs]))
+            if persist:  # tile after tile, the ring of buffers going on across them
+                if tx == wgs * 128:
+                    for it in T.serial(tiles_of(bi, grid, n_tiles)):
+                        tile_k, tile_i = T.meta_var(tile_at(bi, it, grid, channel_blocks))
+                        for ko in T.serial(n_steps):
+                            g = T.meta_var(it * n_steps + ko)
+                            if g >= stages:
+                                T.cuda.mbarrier_wait(T.address_of(empty[g % stages]), (g // stages + 1) % 2)
+                            load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i)
+            else:
+                if tx == wgs * 128:
+                    for ko in T.serial(all_steps):
+                        if ko >= stages:  # the buffer's step `stages` earlier, released by every consumer warp
+                            T.cuda.mbarrier_wait(T.address_of(empty[ko % stages]), (ko // stages + 1) % 2)
+                        if halo and ko < n_steps:  # step ko: tap ko % taps of channel step ko // taps, whose box it reads
+                            if ko % taps == 0:  # the channel step's box, once its buffer's step xs earlier is done
+                                if ko >= xs * taps:
+                                    T.cuda.mbarrier_wait(T.address_of(x_empty[ko // taps % xs]), (ko // taps // xs + 1) % 2)
+                                T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(x_full[ko // taps % xs]),
+                                                                           T.uint32(halo_bytes))
+                                T.ptx[load](T.address_of(tiles[ko // taps % xs * x_rows * BK]), T.address_of(x_map),
+                                            ko // taps * BK, *tiling.tap(bi, 0), T.address_of(x_full[ko // taps % xs]))
+                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
+                            T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
+                                          ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[ko % stages]))
+                        elif ko < n_steps:
+                            load_step(tiles, full, x_map, w_map, ko, ko, bk, bi)
+                        else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
+                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
+                            T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
+                                          (ko - n_steps) % k1_steps * BK, out_channel(bk) + (ko - n_steps) // k1_steps * bn2,
+                                          T.address_of(full[ko % stages]))
+        elif persist:  # the consumers: tile after tile
+            for it in T.serial(tiles_of(bi, grid, n_tiles)):
+                tile_k, tile_i = T.meta_var(tile_at(bi, it, grid, channel_blocks))
+                first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, it * n_steps)  # noqa: F821
+                T.ptx.wgmma.wait_group.sync.aligned(0)
+                if overlap and tx % 32 == 0:  # the tile's last step's buffer, for the next tile's steps
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(it * n_steps + n_steps - 1) % stages]))
+                for i in T.unroll(acc_regs):
+                    T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
+                if residual:  # the tile's residual, loaded once the last tile's store had read the output tile
+                    T.cuda.mbarrier_wait(T.address_of(res_full[0]), it % 2)
                 else:
-                    T.ptx.wgmma.wait_group.sync.aligned(0)
-                    if tx % 32 == 0:
-                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[ko % stages]))
-                        if halo and ko % taps == taps - 1:
-                            T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[ko // taps % xs]))
+                    if it > 0:  # thread 0 has seen the last tile's store read the output tile
+                        T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                conv_stores(tiles, acc, s, b, tx, tile_k)
+                T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
+                T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                if tx == 0:  # (the producer has gone on loading the next tile's steps meanwhile)
+                    store_tile(tiles, y_map, tile_k, tile_i)
+                    if residual:
+                        if it + 1 < tiles_of(bi, grid, n_tiles):  # the next tile's residual, into the output tile
+                            next_k, next_i = T.meta_var(tile_at(bi, it + 1, grid, channel_blocks))
+                            load_residual(tiles, r_map, res_full, next_i, y_at, next_k * bn, 0)
+        else:
+            first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, 0)  # noqa: F821
             T.ptx.wgmma.wait_group.sync.aligned(0)
             if fused and overlap and tx % 32 == 0:  # the last step's buffer, for the second GEMM's w2 tiles
                 T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps - 1) % stages]))
@@ -719,23 +846,18 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             # (the output tile: its pixels' rows, Tiling.tile_row), or into one register of the pair's mid
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
-            for p in T.unroll(acc_regs // 2):
+            if not fused:
+                conv_stores(tiles, acc, s, b, tx, bk)
+            for p in T.unroll(acc_regs // 2 if fused else 0):
                 row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
                 hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
                 if cluster:  # into the block's slice of mid (bk * bn channels on), swizzled as wgmma reads it
                     T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[mid_at + bk * bn * bm + swizzled(row, ch, bm)]),
                                      act(lo), act(hi), source_code=STORE_SOURCE)
-                elif fused:
+                else:
                     mid[p] = T.cuda.func_call("tvm_b2b_pack_half2", act(lo), act(hi), source_code=PACK_SOURCE,
                                               return_type="uint32")
-                else:
-                    out_row, pixel = T.meta_var(tiling.tile_row(row))
-                    at = T.meta_var(y_at + swizzled(out_row, ch, bm))
-                    out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual))
-                    if pixel:
-                        T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi,
-                                         source_code=STORE_SOURCE)
             if fused:  # the second GEMM: mid (its warpgroup's rows, registers) times w2's tiles, chunk by chunk of bn2
                 # every warpgroup's first GEMM done: x's buffers are free for the second output tile (y2_at)
                 if cluster:  # the slice's generic stores, visible to the async proxy (the copies below, wgmma)
@@ -752,18 +874,11 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 for jc in chunk_loop(chunks):
                     chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w,  # noqa: F821
                                           y_map, r_map, s2, b2, tx, bk, bi, jc)
-        if not fused:
+        if not fused and not persist:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()
             if tx == 0:
-                for box in T.serial(boxes):
-                    T.ptx[store](T.address_of(y_map), bk * bn + box * 64, *tiling.origin(bi),
-                                 T.address_of(tiles[y_at + box * bm * 64]))
-                T.ptx.cp.async_.bulk.commit_group()
-                # until the store has READ the tile (the block's shared memory stays until then), not until its
-                # writes are done: the grid's end makes them visible (CUTLASS's tma_store_wait), and the SM takes
-                # its next block meanwhile
-                T.ptx.cp.async_.bulk.wait_group.read(0)
+                store_tile(tiles, y_map, bk, bi)
         if cluster:  # no block exits (its shared memory gone) while its slice is still being copied to a peer
             T.cuda.func_call("tvm_b2b_cluster_sync", source_code=CLUSTER_SYNC_SOURCE)
 
@@ -852,6 +967,9 @@ class HopperRule:
 
 class HopperConvRule(HopperRule):
     """sm_90 convs on TMA + wgmma."""
+
+    def searched(self, spec: ConvSpec) -> dict[str, tuple]:
+        return {**super().searched(spec), "persist": (0, 1)}
 
     def problem(self, spec: ConvSpec) -> str | None:
         return spec_problem(spec)

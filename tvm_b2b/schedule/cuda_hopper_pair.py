@@ -111,7 +111,8 @@ def pair_config_problem(spec: FusedConvSpec, cfg: HopperConfig) -> str | None:
         f"into whole 64-channel steps, k1's into slices of at most {MAX_SLICE}, are {cluster_sizes(spec)}") or (
         spec.k2 // cfg.cs % cfg.bn and f"k2 / cs is not a multiple of bn={cfg.bn}") or (
         spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
-        cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm)) or None
+        cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm)) or (
+        cfg.persist and "persist=1: a persistent grid is a single conv's") or None
 
 
 def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3_conv1x1_wgmma"):
