@@ -36,6 +36,9 @@
 #                                            k1 >= 256 pairs at batch 32: GPU tests, clusters of 2-8 vs the two convs; MIN > 0: tuning too
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh sourcencu   where the Hopper kernels' warps wait, per SASS instruction (ncu)
+#   [MODES="0 1" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU tests,
+#                                            ResNet-50's unfused batch-32 convs without and with it
+#   [MODES="1 0"] bash bench/gpu_session.sh persiste2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER_PERSIST of each of MODES
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
 #                                            tree's under each VAR=V: a switch's A/B in one call
@@ -78,6 +81,15 @@ dense_pair_cases() {  # bench_fused's --case flags: the N=32 56x56 sweep, then R
 cluster_pair_cases() {  # ResNet-50's batch-32 pairs of k1 >= 256 (+residual): the strided and stride-1 ones of k1 = 512 and 256
   for c in "h=14,w=14,c=512,k1=512,k2=2048,stride=2" "h=7,w=7,c=512,k1=512,k2=2048" "h=28,w=28,c=256,k1=256,k2=1024,stride=2" \
            "h=14,w=14,c=256,k1=256,k2=1024"; do printf -- "--case n=32,$c,residual=1,dtype=float16 "; done
+}
+unfused_resnet50_convs() {  # bench_convs' --spec flags: ResNet-50's batch-32 convs that run unfused (its 1x1s, strided 3x3s, last 3x3)
+  for c in "h=56,w=56,c=64,k=64" "h=56,w=56,c=64,k=256,act=none" "h=56,w=56,c=256,k=64" "h=56,w=56,c=256,k=128" \
+           "h=56,w=56,c=256,k=512,stride=2,act=none" "h=28,w=28,c=512,k=128" "h=28,w=28,c=512,k=256" \
+           "h=28,w=28,c=256,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1" "h=28,w=28,c=512,k=1024,stride=2,act=none" \
+           "h=14,w=14,c=256,k=1024,residual=1" "h=14,w=14,c=1024,k=256" "h=14,w=14,c=1024,k=2048,stride=2,act=none" \
+           "h=7,w=7,c=512,k=2048,residual=1" "h=7,w=7,c=2048,k=512" "h=7,w=7,c=512,k=512,kh=3,kw=3,pad_h=1,pad_w=1"; do
+    printf -- "--spec n=32,$c,dtype=float16 "
+  done
 }
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
 case "$1" in
@@ -326,17 +338,37 @@ case "$1" in
       echo "== $case"; grep -E "config |Duration|Throughput|Hit Rate|Achieved Occupancy|Registers Per|Dynamic Shared|Block Limit|Warp Cycles Per Issued|stalled_|Issue Slots Busy|Executed Ipc A|One or More|No Eligible|Bank|Pipe|^ *(OPT|WRN)" "$out/ncu_$i.txt" | cut -c1-150 | head -60
     done
     ;;
-  sourcencu)  # Nsight Compute's warp-state sampling per SASS instruction (bench/ncu_source.py) of each of CASES' kernel (default:
-              # ResNet-50's slowest convs against their rooflines at batch 32 and its first pair), default configs, on TMA + wgmma
+  sourcencu)  # Nsight Compute's warp-state sampling per SASS instruction (bench/ncu_source.py) of each of CASES' kernel (SPEC or
+              # SPEC@CONFIG; default: ResNet-50's slowest convs against their rooflines at batch 32, default and persistent, and a
+              # 3x3), default configs, on TMA + wgmma; the persistent grid's GPU tests first
+    timeout 150 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist" 2>&1 | tail -4
     i=0
-    for case in ${CASES:-n=32,h=56,w=56,c=256,k=128,kh=1,kw=1 n=32,h=56,w=56,c=64,k=256,kh=1,kw=1 n=32,h=7,w=7,c=512,k=512,kh=3,kw=3,pad_h=1,pad_w=1 n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1}; do
-      i=$((i + 1))
+    for case in ${CASES:-n=32,h=56,w=56,c=256,k=128 n=32,h=56,w=56,c=256,k=128@bm=128,bn=128,stages=4,persist=1 n=32,h=56,w=56,c=64,k=256 n=32,h=56,w=56,c=64,k=256@bm=128,bn=256,stages=4,persist=1 n=32,h=7,w=7,c=512,k=512,kh=3,kw=3,pad_h=1,pad_w=1}; do
+      i=$((i + 1)); spec="${case%@*}"; cfg=$([ "$spec" = "$case" ] || echo "--config ${case#*@}")
       TVM_B2B_HOPPER=all TVM_B2B_HOPPER_PAIR=all timeout 150 ncu --clock-control none -k "regex:${KERNEL:-wgmma}" --launch-skip 1 \
         --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters -f -o "$out/src_$i" \
-        python3 bench/profile_kernel.py --case "$case,dtype=float16" --source "$out/src_$i.cu" > "$out/src_$i.log" 2>&1
+        python3 bench/profile_kernel.py --case "$spec,dtype=float16" $cfg > "$out/src_$i.log" 2>&1
       ncu -i "$out/src_$i.ncu-rep" --page source --csv --print-source sass > "$out/src_$i.csv" 2>&1
-      echo "== $case"; grep -E "Duration|kernels" "$out/src_$i.log" | head -3
+      ncu -i "$out/src_$i.ncu-rep" --page details --section SpeedOfLight 2>&1 | grep -E "Duration|Throughput" >> "$out/src_$i.log"
+      rm -f "$out/src_$i.ncu-rep"  # (what comes back from the machine is limited in count; the CSV holds the samples)
+      echo "== $case"; grep -E "Duration|kernels|rror" "$out/src_$i.log" | head -4
       python3 bench/ncu_source.py "$out/src_$i.csv" --top 25 2>&1 | cut -c1-200
+    done
+    ;;
+  persistab)  # the Hopper conv's persistent grid (persist=1): its GPU tests, then ResNet-50's unfused batch-32 convs (CASES:
+              # bench_convs --spec flags, else unfused_resnet50_convs) on TMA + wgmma (TVM_B2B_HOPPER=all) with TVM_B2B_HOPPER_PERSIST
+              # of each of MODES (default "0 1"), default configs
+    timeout 150 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist" 2>&1 | tail -4
+    for mode in ${MODES:-0 1}; do
+      TVM_B2B_HOPPER=all TVM_B2B_HOPPER_PERSIST=$mode timeout "${LIMIT:-200}" python3 bench/bench_convs.py ${CASES:-$(unfused_resnet50_convs)} \
+        --config default --json "$out/convs_persist$mode.json" 2>&1 | tee "$out/convs_persist$mode.txt" | grep -v "^\s*$" \
+        | grep -v "^  best" | sed 's/,kh=1,kw=1,stride=1,pad_h=0,pad_w=0//; s/,dtype=float16//' | cut -c1-150
+    done
+    ;;
+  persiste2e)  # bench_e2e with TVM_B2B_HOPPER_PERSIST of each of MODES (default "1 0"), the rest as shipped
+    for mode in ${MODES:-1 0}; do
+      TVM_B2B_HOPPER_PERSIST=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
+        --out "$out/e2e_persist_$mode" 2>&1 | grep -v "^\s*$" | tail -${TAIL:-25}
     done
     ;;
   tunemodels)  # the models one after another until MIN minutes are spent (a rerun continues where it stopped)
