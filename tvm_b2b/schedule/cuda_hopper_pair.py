@@ -165,13 +165,16 @@ class WrittenPairRule(HopperRule):
 
 def pair_measured_slower(spec: FusedConvSpec) -> str | None:
     """Where the pair measured no faster than its two convs as a model runs them (H100, batch 32), or None: a strided 3x3
-    of k1 >= 256 (28x28/2 256->256->1024 +r 36.5-38.7 vs 37.5 us, bench/results/fused_hoppertune_singles_h100_s26.txt).
+    of k1 >= 256 (28x28/2 256->256->1024 +r 36.5-38.7 vs 37.5 us, bench/results/fused_hoppertune_singles_h100_s26.txt);
+    the cluster form (k1 = 512: 14x14/2 and 7x7 512->512->2048 +r 61.0-76.4 us in clusters of 2-8 against 35.2-35.5 for
+    the two convs, bench/results/fused_cluster_h100_s28.txt; its mid, 1.6 MB at batch 32, is little for fusion to save,
+    while each block's 49 pixels reread w2's share from L2).
     With one producer warp (producer_threads) every other ResNet-50 pair it computes wins at batch 32: 28x28
     128->128->512 +r 41.3 vs 51.2 us, 56x56/2 128->128->512 +r 44.6 vs 51.5 (before it, 61.0 and 64.8: they ran as two
     convs)."""
     if default_cluster(spec) > 1:
-        return (f"k1={spec.k1} takes the cluster form, which has not run on a GPU yet, nor been measured against the two "
-                f"convs ({PAIR_ENV}=all runs it)")
+        return (f"k1={spec.k1} takes the cluster form, which measured slower than the two convs (H100, batch 32: 7x7 "
+                f"512->512->2048 +r 61-65 us against 35.5; {PAIR_ENV}=all runs it)")
     if spec.stride > 1 and spec.k1 >= 256:
         return f"a strided 3x3 of k1={spec.k1} (stride {spec.stride}): the pair measured no faster than its two convs"
     return None
