@@ -2,6 +2,8 @@
 CPU: which convs it takes and why not, the (k, c) weights it is given, its kernel's Hopper instructions and an
 nvcc sm_90a compile of it alone and inside a whole model. GPU (sm_90 only): the kernel vs numpy, a model vs
 onnxruntime. What it measures: `bash bench/gpu_session.sh hopper`."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -183,13 +185,17 @@ def test_persistent_grid_takes_each_tile_once(tiles, blocks):
 def test_persistent_kernel_loops_over_its_tiles_and_compiles(hopper_on, tmp_path):
     """persist=1: one block an SM (160 KiB of shared memory) loops over tiles b, b + 132, ... (784 of them), its
     producer's ring of buffers going on from tile to tile, the next tile's residual loaded once the store has read the
-    output tile; __launch_bounds__ without a minimum (one block an SM); nvcc compiles it for sm_90a."""
+    output tile, each tile's scale and bias read from shared memory; __launch_bounds__ without a minimum (one block
+    an SM); nvcc compiles it for sm_90a."""
     spec, cfg = spec_of("n=32,h=56,w=56,c=256,k=128,residual=1"), "bm=128,bn=128,stages=4,persist=1"
     source = build(spec, "cuda:sm_90", config=cfg, db=None).source()
     assert hopper.resident_blocks(hopper.shared_bytes(spec, hopper.HopperConfig.parse(cfg)), 384, 64) == 1
     assert "(915 - ((int)blockIdx.y)) / 132" in source  # the block's tiles: (784 - b + 131) // 132
     assert source.count("cp.async.bulk.wait_group.read 0") == 1 and "__launch_bounds__(384)" in source
     assert source.count("bar_sync_count_sync((uint)8, (uint)256)") == 1  # the consumers' barrier before each store
+    # each tile's scale and bias copied into shared memory on its first step's mbarrier, the epilogue reading them there
+    assert source.count("tvm_b2b_bulk_load((&(") == 2 and "cp.async.bulk.shared::cluster.global.mbarrier" in source
+    assert not re.search(r"\bs_ptr\[", source.split("tvm_b2b_store_half2(")[-1])
     compiles_for_sm90a(source, tmp_path)
 
 

@@ -90,6 +90,15 @@ __forceinline__ __device__ void tvm_b2b_push_slice(void* slice, void* bar, unsig
 }
 """  # the pair's cluster form: a block's slice of mid, bulk-copied into the same offset of a peer's shared memory
 # (distributed shared memory), completing on the peer's mbarrier (a TMA-class copy: no thread waits on it)
+BULK_LOAD_SOURCE = """
+__forceinline__ __device__ void tvm_b2b_bulk_load(void* dst, const void* src, unsigned bytes, void* bar) {
+  unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  unsigned mbar = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(to), "l"(src), "r"(bytes), "r"(mbar) : "memory");
+}
+"""  # a persistent conv's scale and bias of a tile's channels, into shared memory beside its first step (no tensor map:
+# a 1-d bulk copy, 16-byte aligned, completing on the step's mbarrier)
 PACK_SOURCE = """
 __forceinline__ __device__ unsigned tvm_b2b_pack_half2(float lo, float hi) {
   half2 h = __floats2half2_rn(lo, hi);
@@ -413,9 +422,10 @@ def x_buffers(spec: ConvSpec, cfg: HopperConfig) -> tuple[int, int]:
 
 
 def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
-    """Dynamic shared memory: x's buffers, w's (at most one per reduction step) and the output tile."""
+    """Shared memory: x's buffers, w's (at most one per reduction step) and the output tile (dynamic); a persistent
+    block's two copies of its tiles' scale and bias."""
     xs, x_rows = x_buffers(spec, cfg)
-    return (xs * x_rows + min(cfg.stages, steps(spec)) * cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2
+    return (xs * x_rows + min(cfg.stages, steps(spec)) * cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2 + 16 * cfg.bn * cfg.persist
 
 
 def second_tile_apart(x_elements: int, bm: int, bn2: int, chunks: int) -> bool:
@@ -532,7 +542,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     persist = bool(cfg.persist) and not fused  # (a conv's: persistent_grid)
     channel_blocks = k // bn
     n_tiles = channel_blocks * tiling.blocks
-    resident = resident_blocks(pool * 2, threads, acc_regs)
+    resident = resident_blocks(shared_bytes(spec, cfg), threads, acc_regs) if persist else 1
     grid = persistent_grid(n_tiles, resident) if persist else 0
     # (one producer warp: as many blocks an SM as shared memory holds; a persistent grid: as it takes)
     min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
@@ -560,23 +570,25 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         return tile_at(bi, 0, grid, channel_blocks) if persist else (bk, bi)
 
     @T.macro
-    def load_step(tiles, full, x_map, w_map, g, ko, bk, bi):
-        """Step ko of tile (bk, bi) (taps' form) into ring buffer g % stages: x's box of its tap, w's tile."""
-        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(tx_bytes))
+    def load_step(tiles, full, x_map, w_map, g, ko, bk, bi, more_bytes):
+        """Step ko of tile (bk, bi) (taps' form) into ring buffer g % stages: x's box of its tap, w's tile (and
+        more_bytes the caller copies, on the same mbarrier)."""
+        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(tx_bytes + more_bytes))
         T.ptx[load](T.address_of(tiles[g % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
                     *tiling.tap(bi, ko // c_steps), T.address_of(full[g % stages]))
         T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
                       ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[g % stages]))
 
     @T.macro
-    def conv_stores(tiles, acc, s, b, tx, bk):
+    def conv_stores(tiles, acc, s, b, tx, at_channel):
         """The conv's epilogue: accumulator pair p (fragment), scale, bias [, residual], act, as one half2 store into
-        the swizzled output tile (its pixels' rows: Tiling.tile_row)."""
+        the swizzled output tile (its pixels' rows: Tiling.tile_row). s and b: the conv's (at_channel: the block's
+        first channel), or a persistent block's copies of the tile's (at_channel: the copy's offset)."""
         wg = T.meta_var(tx // 128)
         for p in T.unroll(acc_regs // 2):
             row, ch = T.meta_var(fragment(tx, wg, p))
-            lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
-            hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
+            lo = T.meta_var(acc[2 * p] * s[at_channel + ch] + b[at_channel + ch])
+            hi = T.meta_var(acc[2 * p + 1] * s[at_channel + ch + 1] + b[at_channel + ch + 1])
             out_row, pixel = T.meta_var(tiling.tile_row(row))
             at = T.meta_var(y_at + swizzled(out_row, ch, bm))
             out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual))
@@ -751,6 +763,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         x_empty = T.alloc_buffer((xs,), "uint64", scope="shared", align=8)
         res_full = T.alloc_buffer((2,), "uint64", scope="shared", align=8)  # a residual tile in each output tile
         mid_full = T.alloc_buffer((1,), "uint64", scope="shared", align=8)  # the peers' slices of mid, pushed in
+        # a persistent block's scale and bias of its tiles' channels (two tiles': conv_stores)
+        s_tile = T.alloc_buffer((2 * bn if persist else 1,), "float32", scope="shared", align=16)
+        b_tile = T.alloc_buffer((2 * bn if persist else 1,), "float32", scope="shared", align=16)
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
         # the pair's mid (mid_register; the cluster form's is in shared memory)
@@ -788,7 +803,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                             g = T.meta_var(it * n_steps + ko)
                             if g >= stages:
                                 T.cuda.mbarrier_wait(T.address_of(empty[g % stages]), (g // stages + 1) % 2)
-                            load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i)
+                            load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, T.if_then_else(ko == 0, 8 * bn, 0))
+                            if ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the last
+                                # tile's epilogue may still read the other)
+                                T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(s_tile[it % 2 * bn]), T.address_of(
+                                    s[tile_k * bn]), 4 * bn, T.address_of(full[g % stages]), source_code=BULK_LOAD_SOURCE)
+                                T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(b_tile[it % 2 * bn]), T.address_of(
+                                    b[tile_k * bn]), 4 * bn, T.address_of(full[g % stages]), source_code=BULK_LOAD_SOURCE)
             else:
                 if tx == wgs * 128:
                     for ko in T.serial(all_steps):
@@ -806,7 +827,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                             T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
                                           ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[ko % stages]))
                         elif ko < n_steps:
-                            load_step(tiles, full, x_map, w_map, ko, ko, bk, bi)
+                            load_step(tiles, full, x_map, w_map, ko, ko, bk, bi, 0)
                         else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
                             T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
                             T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
@@ -826,7 +847,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 else:
                     if it > 0:  # thread 0 has seen the last tile's store read the output tile
                         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                conv_stores(tiles, acc, s, b, tx, tile_k)
+                conv_stores(tiles, acc, s_tile, b_tile, tx, it % 2 * bn)
                 T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
                 T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                 if tx == 0:  # (the producer has gone on loading the next tile's steps meanwhile)
@@ -847,7 +868,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
             if not fused:
-                conv_stores(tiles, acc, s, b, tx, bk)
+                conv_stores(tiles, acc, s, b, tx, bk * bn)
             for p in T.unroll(acc_regs // 2 if fused else 0):
                 row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
