@@ -579,21 +579,29 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
                       ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[g % stages]))
 
-    @T.macro
-    def conv_stores(tiles, acc, s, b, tx, at_channel):
-        """The conv's epilogue: accumulator pair p (fragment), scale, bias [, residual], act, as one half2 store into
-        the swizzled output tile (its pixels' rows: Tiling.tile_row). s and b: the conv's (at_channel: the block's
-        first channel), or a persistent block's copies of the tile's (at_channel: the copy's offset)."""
-        wg = T.meta_var(tx // 128)
-        for p in T.unroll(acc_regs // 2):
-            row, ch = T.meta_var(fragment(tx, wg, p))
-            lo = T.meta_var(acc[2 * p] * s[at_channel + ch] + b[at_channel + ch])
-            hi = T.meta_var(acc[2 * p + 1] * s[at_channel + ch + 1] + b[at_channel + ch + 1])
-            out_row, pixel = T.meta_var(tiling.tile_row(row))
-            at = T.meta_var(y_at + swizzled(out_row, ch, bm))
-            out_lo, out_hi = T.meta_var(outputs(act, lo, hi, tiles, at, residual))
-            if pixel:
-                T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
+    def tile_stores(regs: int, act_of):
+        """An epilogue into an output tile, as a macro for `regs` accumulators (the conv's, or the pair's second GEMM's)
+        and activation act_of."""
+
+        @T.macro
+        def stores(tiles, acc, s, b, tx, at_channel, y_tile):
+            """Accumulator pair p (fragment), scale, bias [, residual], act, as one half2 store into the swizzled output
+            tile at y_tile (its pixels' rows: Tiling.tile_row). s and b: the conv's (at_channel: the block's first
+            channel), or a persistent block's copies of the tile's (at_channel: the copy's offset)."""
+            wg = T.meta_var(tx // 128)
+            for p in T.unroll(regs // 2):
+                row, ch = T.meta_var(fragment(tx, wg, p))
+                lo = T.meta_var(acc[2 * p] * s[at_channel + ch] + b[at_channel + ch])
+                hi = T.meta_var(acc[2 * p + 1] * s[at_channel + ch + 1] + b[at_channel + ch + 1])
+                out_row, pixel = T.meta_var(tiling.tile_row(row))
+                at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
+                out_lo, out_hi = T.meta_var(outputs(act_of, lo, hi, tiles, at, residual))
+                if pixel:
+                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
+
+        return stores
+
+    conv_stores, chunk_stores = tile_stores(acc_regs, act), tile_stores(acc2_regs, act2)
 
     @T.macro
     def store_tile(tiles, y_map, bk, bi):
@@ -700,15 +708,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.cuda.mbarrier_wait(T.address_of(res_full[jc % 2]), jc // 2 % 2)
         elif jc > 1:  # thread 0 has seen the store of chunk jc - 2 read this tile
             T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-        for p in T.unroll(acc2_regs // 2):
-            row, ch = T.meta_var(fragment(tx, wg, p))
-            lo = T.meta_var(acc2[2 * p] * s2[c2 + ch] + b2[c2 + ch])
-            hi = T.meta_var(acc2[2 * p + 1] * s2[c2 + ch + 1] + b2[c2 + ch + 1])
-            out_row, pixel = T.meta_var(tiling.tile_row(row))
-            at = T.meta_var(y_tile + swizzled(out_row, ch, bm))
-            out_lo, out_hi = T.meta_var(outputs(act2, lo, hi, tiles, at, residual))
-            if pixel:
-                T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[at]), out_lo, out_hi, source_code=STORE_SOURCE)
+        chunk_stores(tiles, acc2, s2, b2, tx, c2, y_tile)
         T.ptx.fence.proxy.async_.shared__cta()
         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
         if tx == 0:  # the store runs on while the next chunk is computed into the other tile
@@ -847,7 +847,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 else:
                     if it > 0:  # thread 0 has seen the last tile's store read the output tile
                         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                conv_stores(tiles, acc, s_tile, b_tile, tx, it % 2 * bn)
+                conv_stores(tiles, acc, s_tile, b_tile, tx, it % 2 * bn, y_at)
                 T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
                 T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
                 if tx == 0:  # (the producer has gone on loading the next tile's steps meanwhile)
@@ -868,7 +868,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
             if not fused:
-                conv_stores(tiles, acc, s, b, tx, bk * bn)
+                conv_stores(tiles, acc, s, b, tx, bk * bn, y_at)
             for p in T.unroll(acc_regs // 2 if fused else 0):
                 row, ch = T.meta_var(fragment(tx, wg, p))
                 lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
