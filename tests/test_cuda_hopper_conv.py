@@ -43,7 +43,10 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          # 3x3's 448 on 264 blocks (two an SM), the last tile ragged
          ("n=32,h=28,w=28,c=512,k=128", "bm=128,bn=128,stages=4,persist=1"),
          ("n=32,h=14,w=14,c=256,k=1024,residual=1", "bm=128,bn=128,stages=4,persist=1"),
-         ("n=17,h=27,w=28,c=128,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1")]
+         ("n=17,h=27,w=28,c=128,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
+         # a subsampled 1x1 of 4 blocks an image (+residual), and of stride 3 in a persistent grid
+         ("n=3,h=30,w=29,c=64,k=64,stride=2,residual=1", "bm=64,bn=64,stages=2"),
+         ("n=32,h=34,w=33,c=72,k=128,stride=3,act=none", "bm=64,bn=128,stages=3,persist=1")]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -135,6 +138,18 @@ def test_tiling_takes_whole_rows_spread_evenly(case, bm, rows, blocks):
     not 9 + 5); a stride-1 1x1 conv: any bm consecutive pixels."""
     tiling = hopper.Tiling(spec_of(case), bm)
     assert (tiling.rows if not hopper.flat(tiling.spec) else 1, tiling.blocks) == (rows, blocks)
+
+
+def test_subsampled_tiling_maps_every_stride_th_pixel():
+    """A strided 1x1 conv without padding (ResNet-50's downsampling, 56x56 256->512 stride 2): x's tensor map is its
+    every 2nd pixel, a tensor of the output's shape (28 x 28) with twice x's column and row strides, read in boxes of
+    the output's (no element strides: TMA's strided traversal is for the padded and larger kernels), at output
+    coordinates."""
+    spec = spec_of("n=32,h=56,w=56,c=256,k=512,stride=2,act=none")
+    tiling = hopper.Tiling(spec, 128)
+    assert hopper.subsampled(spec) and not hopper.subsampled(spec_of("n=1,h=7,w=7,c=64,k=64,kh=3,kw=3,stride=2"))
+    assert tiling.x_map() == [256, 28, 28, 32, 2 * 512, 2 * 56 * 512, 56 * 56 * 512, 64, 28, tiling.rows, 1]
+    assert tiling.element_strides() == [1, 1, 1, 1] and tiling.rows == 4 and tiling.tap(8, 0) == (0, 4, 1)
 
 
 def test_halo_tiling_reads_one_box_for_every_tap():
@@ -329,7 +344,7 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
                                          (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair"),
-                                         (15, None), (16, None), (17, None)])
+                                         (15, None), (16, None), (17, None), (18, None), (19, None)])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's

@@ -346,6 +346,9 @@ CONVS = [
     ("n=2,h=14,w=14,c=128,k=64,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=4,halo=1"),  # the halo form
     ("n=1,h=6,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=3,halo=1"),  # 4 channel steps, 2 buffers
     ("n=1,h=8,w=8,c=16,k=64,kh=5,kw=5,pad_h=2,pad_w=2", "bm=128,bn=64,stages=4,halo=1"),
+    # a subsampled 1x1 (x's map every stride-th pixel) of several blocks an image (rows 0, 4, 8, 12), and of stride 3
+    ("n=1,h=30,w=29,c=64,k=64,stride=2,residual=1", "bm=64,bn=64,stages=2"),
+    ("n=2,h=17,w=16,c=72,k=128,stride=3,act=none", "bm=64,bn=128,stages=3"),
     # persistent grids (EMULATED_SMS): 4 tiles on 3 blocks; 6 (+residual) on 3; a strided 3x3's 8 (+residual) on 3
     ("n=2,h=7,w=9,c=64,k=128", "bm=64,bn=64,stages=2,persist=1"),
     ("n=2,h=9,w=8,c=256,k=128,residual=1,act=relu6", "bm=64,bn=64,stages=3,persist=1"),

@@ -204,6 +204,12 @@ def flat(spec: ConvSpec) -> bool:
     return (spec.kh, spec.kw, spec.stride, spec.pad_h, spec.pad_w) == (1, 1, 1, 0, 0)
 
 
+def subsampled(spec: ConvSpec) -> bool:
+    """A strided 1x1 conv without padding (ResNet's downsampling): it reads x at every stride-th column and row, which
+    x's tensor map takes as a tensor of their own (its strides stride times x's), tiled like an output."""
+    return (spec.kh, spec.kw, spec.pad_h, spec.pad_w) == (1, 1, 0, 0) and spec.stride > 1
+
+
 def persist_default() -> int:
     """HopperConfig.persist of a conv's default config: TVM_B2B_HOPPER_PERSIST (0 unless set: not yet measured)."""
     mode = os.environ.get(PERSIST_ENV, "0")
@@ -234,7 +240,7 @@ class Tiling:
     A stride-1 1x1 conv: bm consecutive pixels (the maps' second dimension is every pixel). Any other: `rows`
     whole output rows of one image, each tap (rh, rw) of the conv one box of x at the tap's offset (TMA
     reads coordinates outside x as zeros: the padding), a strided conv's box traversing every stride-th
-    column and row (element_strides).
+    column and row (element_strides); a `subsampled` 1x1's map is x's every stride-th pixel, its box the output's.
     The halo form (stride 1): ONE box of x a 64-channel step, the block's rows with the conv's reach around them
     (`width` columns, rows + kh - 1 rows), which all taps read: the GEMM's rows run over that box's grid (GEMM row
     m is output (m // width, m % width), the last kw - 1 columns of each row junk), so tap (rh, rw) of row m is the
@@ -254,7 +260,8 @@ class Tiling:
     def rows(self) -> int:
         """Output rows per block (rows form): as many as bm takes, spread evenly over the image's blocks."""
         reach = self.spec.kh - 1 if self.halo else 0  # TMA's box: 256 rows at most
-        most = min(self.bm // (self.width if self.halo else self.spec.wo), self.spec.ho, 256 // self.spec.stride - reach)
+        box_rows = 256 if subsampled(self.spec) else 256 // self.spec.stride
+        most = min(self.bm // (self.width if self.halo else self.spec.wo), self.spec.ho, box_rows - reach)
         return -(-self.spec.ho // -(-self.spec.ho // most))
 
     def shift(self, t):
@@ -295,14 +302,17 @@ class Tiling:
         s, e = self.spec, 2
         if flat(s):
             return [s.c, s.m, 1, 1, s.c * e, s.m * s.c * e, s.m * s.c * e, BK, self.bm, 1, 1]
-        st = s.stride  # a strided conv's box traverses x every st-th column and row (element_strides)
+        st = s.stride
+        if subsampled(s):  # x's pixels (st * col, st * row): a tensor of the output's shape, st times x's strides
+            return [s.c, s.wo, s.ho, s.n, st * s.c * e, st * s.w * s.c * e, s.h * s.w * s.c * e, BK, s.wo, self.rows, 1]
+        # a strided conv's box traverses x every st-th column and row (element_strides)
         box = [self.width, self.rows + s.kh - 1] if self.halo else [st * s.wo, st * self.rows]
         return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, *box, 1]
 
     def element_strides(self) -> list:
         """TMA's traversal strides of x's box: it loads every stride-th element of its box (CUDA's
         cuTensorMapEncodeTiled: ceil(boxDim / elementStrides) elements a dimension)."""
-        st = 1 if flat(self.spec) else self.spec.stride
+        st = 1 if flat(self.spec) or subsampled(self.spec) else self.spec.stride
         return [1, st, st, 1]
 
     def y_map(self) -> list:
@@ -321,7 +331,7 @@ class Tiling:
     def tap(self, bi, t):
         """x's coordinates (after the channel) of tap t's box for block bi."""
         col, row, image = self.origin(bi)
-        if flat(self.spec):
+        if flat(self.spec) or subsampled(self.spec):
             return col, row, image
         s = self.spec
         rh, rw = t // s.kw, t % s.kw
