@@ -227,7 +227,8 @@ def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, ca
     assert ("CUtensorMap r_map" in params) == bool(spec.residual) and "tvm_b2b_store_half2(" in source
     assert f"__launch_bounds__({128 * (cfg.bm // 64 + 1)})" in source
     for instruction in (f"wgmma.mma_async.sync.aligned.m64n{cfg.bn}k16.f32.f16.f16", "cp.async.bulk.tensor.2d.shared::cluster",
-                        "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta", "mbarrier.try_wait.parity", "wgmma.wait_group"):
+                        "cp.async.bulk.tensor.4d.shared::cluster", "cp.async.bulk.tensor.4d.global.shared::cta",
+                        "mbarrier.try_wait.parity", "wgmma.wait_group"):
         assert instruction in source, instruction
     assert "wait_group_sync_aligned_1" in source  # one step's wgmma in flight while the next is issued (2+ buffers)
     # the block exits once its store has read the output tile, not once the store's writes are done

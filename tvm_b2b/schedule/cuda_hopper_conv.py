@@ -1,6 +1,7 @@
 """Hopper rule of the single convolution (op.conv) on sm_90: TMA copies and warpgroup MMA (wgmma), the
-instructions cuBLAS and CUTLASS use on Hopper, for dense fp16 convs of any kernel size and stride. The template of cuda_conv (ldmatrix + mma.sync) stops near 250 TFLOP/s on ResNet-50's batch-32
-convs, its 1x1 convs at 110-190 (bench/results/convs_h200_s12_configs.txt).
+instructions cuBLAS and CUTLASS use on Hopper, for dense fp16 convs of any kernel size and stride. The template of
+cuda_conv (ldmatrix + mma.sync) stops near 250 TFLOP/s on ResNet-50's batch-32 convs, its 1x1 convs at 110-190
+(bench/results/convs_h200_s12_configs.txt).
 
 TVM 0.27 has no schedule primitive that emits wgmma or TMA, so the kernel is written in TIRx script (TVM's
 own T.ptx instructions, tests/python/tirx/codegen/test_codegen_hopper.py upstream), not scheduled from a TE
@@ -708,7 +709,6 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     def chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w, y_map, r_map, s2, b2, tx, bk, bi,
                               jc):
         """Chunk jc: its second GEMM, its epilogue into output tile jc % 2, its TMA store."""
-        wg = T.meta_var(tx // 128)
         y_tile = T.meta_var(out_tile(jc))
         c2 = T.meta_var(out_channel(bk) + jc * bn2)  # the chunk's first output channel
         chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc)
