@@ -36,8 +36,8 @@
 #                                            k1 >= 256 pairs at batch 32: GPU tests, clusters of 2-8 vs the two convs; MIN > 0: tuning too
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh sourcencu   where the Hopper kernels' warps wait, per SASS instruction (ncu)
-#   [MODES="0 1" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU tests,
-#                                            ResNet-50's unfused batch-32 convs without and with it
+#   [MODES="mma 0 1" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
+#                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with it
 #   [MODES="1 0"] bash bench/gpu_session.sh persiste2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER_PERSIST of each of MODES
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
@@ -355,13 +355,16 @@ case "$1" in
       python3 bench/ncu_source.py "$out/src_$i.csv" --top 25 2>&1 | cut -c1-200
     done
     ;;
-  persistab)  # the Hopper conv's persistent grid (persist=1): its GPU tests, then ResNet-50's unfused batch-32 convs (CASES:
-              # bench_convs --spec flags, else unfused_resnet50_convs) on TMA + wgmma (TVM_B2B_HOPPER=all) with TVM_B2B_HOPPER_PERSIST
-              # of each of MODES (default "0 1"), default configs
-    timeout 150 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist" 2>&1 | tail -4
-    for mode in ${MODES:-0 1}; do
-      TVM_B2B_HOPPER=all TVM_B2B_HOPPER_PERSIST=$mode timeout "${LIMIT:-200}" python3 bench/bench_convs.py ${CASES:-$(unfused_resnet50_convs)} \
-        --config default --json "$out/convs_persist$mode.json" 2>&1 | tee "$out/convs_persist$mode.txt" | grep -v "^\s*$" \
+  persistab)  # the Hopper conv's persistent grid (persist=1): its GPU tests (the subsampled 1x1's too), then ResNet-50's unfused
+              # batch-32 convs (CASES: bench_convs --spec flags, else unfused_resnet50_convs) with each of MODES (default "mma 0 1"):
+              # mma = the mma.sync kernel (TVM_B2B_HOPPER=0), else TMA + wgmma (=all) with TVM_B2B_HOPPER_PERSIST=MODE; default configs
+    timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride" \
+      2>&1 | tail -4
+    for mode in ${MODES:-mma 0 1}; do
+      hopper=$([ "$mode" = mma ] && echo 0 || echo all)
+      TVM_B2B_HOPPER=$hopper TVM_B2B_HOPPER_PERSIST=${mode/mma/0} timeout "${LIMIT:-200}" python3 bench/bench_convs.py \
+        ${CASES:-$(unfused_resnet50_convs)} --config default --json "$out/convs_persist$mode.json" 2>&1 \
+        | tee "$out/convs_persist$mode.txt" | grep -v "^\s*$" \
         | grep -v "^  best" | sed 's/,kh=1,kw=1,stride=1,pad_h=0,pad_w=0//; s/,dtype=float16//' | cut -c1-150
     done
     ;;
