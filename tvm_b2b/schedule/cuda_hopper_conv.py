@@ -187,8 +187,9 @@ def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
     - fewer than MIN_STEPS reduction steps (a 1x1 of 64 channels, 56x56 64->256 at batch 32: 33.8 vs 28.9 us): each
       block's epilogue (its whole output tile through shared memory) then outweighs its mainloop, and this kernel
       does not overlap the two;
-    - a strided 1x1 (56x56 256->512 stride 2: 31.6 vs 31.0 us at batch 32, 6.7 vs 4.8 at batch 1): TMA's strided
-      traversal of x reads every other pixel through whole rows."""
+    - a strided 1x1 (56x56 256->512 stride 2: 31.6 vs 31.0 us at batch 32, 6.7 vs 4.8 at batch 1), measured when TMA's
+      strided traversal read x (the subsampled map that reads it now, and the persistent grid, are not timed yet:
+      `bash bench/gpu_session.sh persistab` measures both against the mma.sync kernel)."""
     if blocks < SM90_SMS // 2:
         return (f"{blocks} blocks, fewer than half of sm_90's {SM90_SMS} SMs: the mma.sync kernel (split-K) "
                 "measured faster at such sizes")
