@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cuda_source import compiles_for_sm90a, kernels, skip_unless_sm90
@@ -365,5 +365,37 @@ def test_index_math_emulated(case, config):
     else:
         text, cfg = emu.CONVS[case]
         y, want = emu.emulate(spec_of(text), hopper.HopperConfig.parse(cfg))
+    assert not np.isnan(y).any(), "an output pixel was never stored"
+    np.testing.assert_allclose(y, want, atol=1e-2, rtol=1e-2)
+
+
+@st.composite
+def emulated_convs(draw):
+    """A small conv the kernel takes (1x1, 3x3 or 5x5; strides 1-3, padded or not, subsampled 1x1s among them) and a
+    config it takes for it (a persistent grid among them)."""
+    kh = draw(st.sampled_from([1, 3, 5]))
+    stride, pad = draw(st.integers(1, 3)), draw(st.integers(0, kh // 2))
+    h, w = draw(st.integers(kh, 14)), draw(st.integers(kh, 14))
+    spec = spec_of(f"n={draw(st.integers(1, 2))},h={h},w={w},c={8 * draw(st.integers(1, 12))},k={draw(st.sampled_from([64, 128]))},"
+                   f"kh={kh},kw={kh},stride={stride},pad_h={pad},pad_w={pad},residual={draw(st.integers(0, 1))}")
+    cfg = hopper.HopperConfig(bm=draw(st.sampled_from([64, 128])), bn=draw(st.sampled_from([64, 128])),
+                              stages=draw(st.integers(1, 4)), persist=draw(st.integers(0, 1)))
+    assume(not hopper.spec_problem(spec) and not hopper.conv_config_problem(spec, cfg))
+    return spec, cfg
+
+
+@given(case=emulated_convs())
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+def test_index_math_emulated_on_random_convs(case):
+    """The emulation (test_index_math_emulated) on random small convs and configs: every output written, within fp16
+    rounding of the reference."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "experiments"))
+    import hopper_emulation as emu
+
+    spec, cfg = case
+    y, want = emu.emulate(spec, cfg)
     assert not np.isnan(y).any(), "an output pixel was never stored"
     np.testing.assert_allclose(y, want, atol=1e-2, rtol=1e-2)
