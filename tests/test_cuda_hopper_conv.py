@@ -376,8 +376,9 @@ def emulated_convs(draw):
     kh = draw(st.sampled_from([1, 3, 5]))
     stride, pad = draw(st.integers(1, 3)), draw(st.integers(0, kh // 2))
     h, w = draw(st.integers(kh, 14)), draw(st.integers(kh, 14))
-    spec = spec_of(f"n={draw(st.integers(1, 2))},h={h},w={w},c={8 * draw(st.integers(1, 12))},k={draw(st.sampled_from([64, 128]))},"
-                   f"kh={kh},kw={kh},stride={stride},pad_h={pad},pad_w={pad},residual={draw(st.integers(0, 1))}")
+    n, c, k = draw(st.integers(1, 2)), 8 * draw(st.integers(1, 12)), draw(st.sampled_from([64, 128]))
+    spec = spec_of(f"n={n},h={h},w={w},c={c},k={k},kh={kh},kw={kh},stride={stride},pad_h={pad},pad_w={pad},"
+                   f"residual={draw(st.integers(0, 1))}")
     cfg = hopper.HopperConfig(bm=draw(st.sampled_from([64, 128])), bn=draw(st.sampled_from([64, 128])),
                               stages=draw(st.integers(1, 4)), persist=draw(st.integers(0, 1)))
     assume(not hopper.spec_problem(spec) and not hopper.conv_config_problem(spec, cfg))
