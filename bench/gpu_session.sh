@@ -39,6 +39,7 @@
 #   [MODES="mma 0 1" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
 #                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with it
 #   [MODES="1 0"] bash bench/gpu_session.sh persiste2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER_PERSIST of each of MODES
+#   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (the stem idea)
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
 #                                            tree's under each VAR=V: a switch's A/B in one call
@@ -373,6 +374,10 @@ case "$1" in
       TVM_B2B_HOPPER_PERSIST=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
         --out "$out/e2e_persist_$mode" 2>&1 | grep -v "^\s*$" | tail -${TAIL:-25}
     done
+    ;;
+  tmaoverlap)  # does TMA take a tensor map whose rows overlap (bench/experiments/tma_overlap.cu: the stem as 128-byte rows of 4
+               # pixels x 16 channels)? a few seconds
+    nvcc -arch=sm_90a -o /tmp/tma_overlap bench/experiments/tma_overlap.cu -lcuda && /tmp/tma_overlap
     ;;
   tunemodels)  # the models one after another until MIN minutes are spent (a rerun continues where it stopped)
     minutes="$2"; shift 2; end=$(( $(date +%s) + minutes * 60 )); mkdir -p .tune/models
