@@ -38,7 +38,8 @@
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh sourcencu   where the Hopper kernels' warps wait, per SASS instruction (ncu)
 #   [MODES="mma 0 1" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
 #                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with it
-#   [MODES="1 0"] bash bench/gpu_session.sh persiste2e NAME:BATCH,...   bench_e2e with TVM_B2B_HOPPER_PERSIST of each of MODES
+#   [VAR=SWITCH MODES="1 0"] bash bench/gpu_session.sh enve2e NAME:BATCH,...   bench_e2e with a switch (default
+#                                            TVM_B2B_HOPPER_PERSIST) at each of MODES
 #   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (the stem idea)
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
@@ -369,10 +370,11 @@ case "$1" in
         | grep -v "^  best" | sed 's/,kh=1,kw=1,stride=1,pad_h=0,pad_w=0//; s/,dtype=float16//' | cut -c1-150
     done
     ;;
-  persiste2e)  # bench_e2e with TVM_B2B_HOPPER_PERSIST of each of MODES (default "1 0"), the rest as shipped
+  enve2e)  # bench_e2e with the switch VAR (default TVM_B2B_HOPPER_PERSIST) at each of MODES (default "1 0"), the rest as shipped
+    var=${VAR:-TVM_B2B_HOPPER_PERSIST}
     for mode in ${MODES:-1 0}; do
-      TVM_B2B_HOPPER_PERSIST=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
-        --out "$out/e2e_persist_$mode" 2>&1 | grep -v "^\s*$" | tail -${TAIL:-25}
+      env "$var=$mode" timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
+        --out "$out/e2e_${var#TVM_B2B_}_$mode" 2>&1 | grep -v "^\s*$" | tail -${TAIL:-25}
     done
     ;;
   tmaoverlap)  # does TMA take a tensor map whose rows overlap (bench/experiments/tma_overlap.cu: the stem as 128-byte rows of 4

@@ -204,7 +204,7 @@ def test_persistent_kernel_loops_over_its_tiles_and_compiles(hopper_on, tmp_path
     an SM); nvcc compiles it for sm_90a."""
     spec, cfg = spec_of("n=32,h=56,w=56,c=256,k=128,residual=1"), "bm=128,bn=128,stages=4,persist=1"
     source = build(spec, "cuda:sm_90", config=cfg, db=None).source()
-    assert hopper.resident_blocks(hopper.shared_bytes(spec, hopper.HopperConfig.parse(cfg)), 384, 64) == 1
+    assert hopper.resident_of(spec, hopper.HopperConfig.parse(cfg)) == 1 and hopper.block_threads(hopper.HopperConfig()) == 384
     assert "(915 - ((int)blockIdx.y)) / 132" in source  # the block's tiles: (784 - b + 131) // 132
     assert source.count("cp.async.bulk.wait_group.read 0") == 1 and "__launch_bounds__(384)" in source
     assert source.count("bar_sync_count_sync((uint)8, (uint)256)") == 1  # the consumers' barrier before each store

@@ -172,7 +172,7 @@ def emulate(spec, cfg, second=None, rng=None):
         assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
 
     resident = {}  # a persistent grid's blocks: their shared memory, which stays from tile to tile
-    for bi, visits in pixel_blocks(spec, cfg, tiling, H.shared_bytes(spec, cfg), fused):
+    for bi, visits in pixel_blocks(spec, cfg, tiling, fused):
         blocks = {}  # the cluster's blocks (rank bk: its shared memory, its mid registers) after their first GEMM
         for bk, block in visits:
             # uninitialised: NaN, to catch reads of unwritten rows (a persistent block's: what its last tile left)
@@ -290,7 +290,7 @@ def emulate(spec, cfg, second=None, rng=None):
     return y, ref
 
 
-def pixel_blocks(spec, cfg, tiling, shared_bytes: int, fused: bool):
+def pixel_blocks(spec, cfg, tiling, fused: bool):
     """[(pixel block, [(channel block, persistent block or None), ...]), ...] in the order the kernel's blocks take
     them: every channel block of each pixel block (a block a tile; the pair's cluster), or a persistent grid's blocks'
     tiles (persist=1: tile_at), each tile once (asserted)."""
@@ -298,8 +298,7 @@ def pixel_blocks(spec, cfg, tiling, shared_bytes: int, fused: bool):
     if not cfg.persist or fused:
         return [(bi, [(bk, None) for bk in range(channel_blocks)]) for bi in range(tiling.blocks)]
     tiles = channel_blocks * tiling.blocks
-    threads = 128 * (cfg.bm // 64) + H.producer_threads(cfg)
-    grid = H.persistent_grid(tiles, H.resident_blocks(shared_bytes, threads, cfg.bn // 2), EMULATED_SMS)
+    grid = H.persistent_grid(tiles, H.resident_of(spec, cfg), EMULATED_SMS)
     order = [(b, *H.tile_at(b, it, grid, channel_blocks)) for b in range(grid) for it in range(H.tiles_of(b, grid, tiles))]
     assert sorted(bi * channel_blocks + bk for _, bk, bi in order) == list(range(tiles)), "persistent tiles"
     return [(bi, [(bk, b)]) for b, bk, bi in order]

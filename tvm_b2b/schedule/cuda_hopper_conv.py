@@ -378,6 +378,16 @@ def resident_blocks(dynamic_bytes: int, threads: int, acc_regs: int) -> int:
     return max(1, min(blocks_per_sm(dynamic_bytes), 65536 // (threads * (acc_regs + PERSIST_REGISTERS))))
 
 
+def block_threads(cfg: HopperConfig) -> int:
+    """A block's threads: its consumer warpgroups (64 pixels each), then the producer (producer_threads)."""
+    return 128 * (cfg.bm // 64) + producer_threads(cfg)
+
+
+def resident_of(spec: ConvSpec, cfg: HopperConfig) -> int:
+    """resident_blocks of a conv's config: its shared memory, threads and accumulators (bn / 2 a thread)."""
+    return resident_blocks(shared_bytes(spec, cfg), block_threads(cfg), cfg.bn // 2)
+
+
 def persistent_grid(tiles: int, blocks: int, sms: int = SM90_SMS) -> int:
     """persist=1: the blocks that stay resident, `blocks` an SM (resident_blocks), each computing tiles b, b + grid, ...
     (tile_at). A block's producer then loads its next tile's steps while its consumers finish the last one's epilogue
@@ -521,7 +531,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     k1_steps, chunks = k // BK, k2s // bn2  # the second GEMM's steps per chunk of its channels, and its chunks
     all_steps = n_steps + (chunks * k1_steps if fused else 0)
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
-    threads = 128 * wgs + producer_threads(cfg)  # the consumer warpgroups, then the producer (warp wgs * 4 on)
+    threads = block_threads(cfg)  # the consumer warpgroups, then the producer (warp wgs * 4 on)
     tx_bytes = ((0 if halo else tiling.pixels) + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
     halo_bytes = tiling.width * (tiling.rows + spec.kh - 1) * BK * 2
     xs, x_rows = x_buffers(spec, cfg)  # x's buffers (the halo form's: of channel steps, beside the ring of w's)
@@ -554,7 +564,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     persist = bool(cfg.persist) and not fused  # (a conv's: persistent_grid)
     channel_blocks = k // bn
     n_tiles = channel_blocks * tiling.blocks
-    resident = resident_blocks(shared_bytes(spec, cfg), threads, acc_regs) if persist else 1
+    resident = resident_of(spec, cfg) if persist else 1
     grid = persistent_grid(n_tiles, resident) if persist else 0
     # (one producer warp: as many blocks an SM as shared memory holds; a persistent grid: as it takes)
     min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
