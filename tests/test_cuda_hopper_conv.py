@@ -39,14 +39,14 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=1,h=10,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3,halo=1"),
          ("n=1,h=12,w=12,c=16,k=64,kh=7,kw=7,pad_h=3,pad_w=3", "bm=128,bn=64,stages=4,halo=1"),
          ("n=1,h=9,w=60,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2,halo=1"),
-         # persistent grids (132 blocks, one an SM at 160 KiB): 196 tiles; 392 (+residual, 8 channel blocks); a strided
-         # 3x3's 448 on 264 blocks (two an SM), the last tile ragged
+         # persistent grids, blocks taking 2-3 tiles each: 196 tiles on 132 blocks (one an SM at 160 KiB); 392 (+residual,
+         # 8 channel blocks) on 132; a strided 3x3's 512 (+residual, ragged last rows) on 396 (three an SM)
          ("n=32,h=28,w=28,c=512,k=128", "bm=128,bn=128,stages=4,persist=1"),
          ("n=32,h=14,w=14,c=256,k=1024,residual=1", "bm=128,bn=128,stages=4,persist=1"),
-         ("n=17,h=27,w=28,c=128,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
-         # a subsampled 1x1 of 4 blocks an image (+residual), and of stride 3 in a persistent grid
+         ("n=32,h=27,w=28,c=128,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
+         # a subsampled 1x1 of 4 blocks an image (+residual), and of stride 3 in a persistent grid (384 tiles on 264)
          ("n=3,h=30,w=29,c=64,k=64,stride=2,residual=1", "bm=64,bn=64,stages=2"),
-         ("n=32,h=34,w=33,c=72,k=128,stride=3,act=none", "bm=64,bn=128,stages=3,persist=1")]
+         ("n=64,h=34,w=33,c=72,k=256,stride=3,act=none", "bm=64,bn=128,stages=3,persist=1")]
 
 
 def spec_of(text: str) -> ConvSpec:
