@@ -93,6 +93,12 @@ unfused_resnet50_convs() {  # bench_convs' --spec flags: ResNet-50's batch-32 co
     printf -- "--spec n=32,$c,dtype=float16 "
   done
 }
+switch_e2e() {  # VAR NAME MODELS: bench_e2e with the switch VAR at each of MODES (set by the caller), into $out/e2e_NAME_MODE
+  for mode in $MODES; do
+    env "$1=$mode" timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$3" --torch-compile none --breakdown \
+      --out "$out/e2e_$2_$mode" 2>&1 | grep -v "^\s*$" | tail -${TAIL:-25}
+  done
+}
 quiet() { grep -v -E "\[(INFO|DEBUG)\]|^ *$|^-+$|^ ID \||^ +[0-9]+ \| main|^Total" ; }
 case "$1" in
   tune)
@@ -291,10 +297,7 @@ case "$1" in
     ;;
   dwclustere2e)  # bench_e2e with TVM_B2B_DW_CLUSTER of each of MODES (default "all 0": every depthwise pair on the cluster kernel, then
     # none), on the shipped records
-    for mode in ${MODES:-all 0}; do
-      TVM_B2B_DW_CLUSTER=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
-        --out "$out/e2e_dwcluster_$mode" 2>&1 | grep -v "^\s*$" | tail -25
-    done
+    MODES="${MODES:-all 0}" switch_e2e TVM_B2B_DW_CLUSTER dwcluster "$2"
     ;;
   envab)  # the Hopper pair's dense cases (hopperab's) with the default config on BASE's tree (if given), then on this tree
            # under each assignment of ENVS (e.g. ENVS="TVM_B2B_PAIR_AHEAD=0 TVM_B2B_PAIR_AHEAD=1"): one call, one GPU
@@ -308,10 +311,7 @@ case "$1" in
     ;;
   pairse2e)  # bench_e2e with TVM_B2B_HOPPER_PAIR of each of MODES (default "1 0": the dense pairs fused on TMA + wgmma where its
               # policy takes them, then on the mma.sync template or as two convs, as before), on the shipped records
-    for mode in ${MODES:-1 0}; do
-      TVM_B2B_HOPPER_PAIR=$mode timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
-        --out "$out/e2e_hopperpair_$mode" 2>&1 | grep -v "^\s*$" | tail -25
-    done
+    MODES="${MODES:-1 0}" switch_e2e TVM_B2B_HOPPER_PAIR hopperpair "$2"
     ;;
   hoppere2e)
     for on in 1 0; do
@@ -372,10 +372,7 @@ case "$1" in
     ;;
   enve2e)  # bench_e2e with the switch VAR (default TVM_B2B_HOPPER_PERSIST) at each of MODES (default "1 0"), the rest as shipped
     var=${VAR:-TVM_B2B_HOPPER_PERSIST}
-    for mode in ${MODES:-1 0}; do
-      env "$var=$mode" timeout "${LIMIT:-280}" python3 bench/bench_e2e.py --models "$2" --torch-compile none --breakdown \
-        --out "$out/e2e_${var#TVM_B2B_}_$mode" 2>&1 | grep -v "^\s*$" | tail -${TAIL:-25}
-    done
+    MODES="${MODES:-1 0}" switch_e2e "$var" "${var#TVM_B2B_}" "$2"
     ;;
   tmaoverlap)  # does TMA take a tensor map whose rows overlap (bench/experiments/tma_overlap.cu: the stem as 128-byte rows of 4
                # pixels x 16 channels)? a few seconds
