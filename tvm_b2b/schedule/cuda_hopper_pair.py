@@ -14,9 +14,9 @@ epilogue writes them into its shared memory (mid whole, bm x k1, in x's swizzled
 copies the slice into each peer's shared memory at the same offset (cp.async.bulk shared::cluster, completing on the
 peer's mbarrier: distributed shared memory, no global round trip, no recompute), and once its peers' slices have
 landed the block computes k2 / cs output channels with mid from shared memory (wgmma's SS form). It makes blocks of the
-cs ranks where a layer has few pixel tiles (7x7 at batch 32: 32 tiles, 128 blocks in clusters of 4). Not yet run on a
-GPU: off by default (pair_measured_slower), TVM_B2B_HOPPER_PAIR=all or a config with cs runs it; the numpy emulation
-(bench/experiments/hopper_emulation.py) checks its index math.
+cs ranks where a layer has few pixel tiles (7x7 at batch 32: 32 tiles, 128 blocks in clusters of 4). Correct on the H100
+but slower than the two convs: off by default (pair_measured_slower says by how much), TVM_B2B_HOPPER_PAIR=all or a
+config with cs runs it; the numpy emulation (bench/experiments/hopper_emulation.py) checks its index math.
 
 Groups 1, fp16, k1 up to 256 (one wgmma's n: a block computes every channel of mid) or up to 2048 in a cluster, any
 stride of the 3x3. Mid in registers rather than shared memory measured no faster (H100,
