@@ -36,8 +36,9 @@
 #                                            k1 >= 256 pairs at batch 32: GPU tests, clusters of 2-8 vs the two convs; MIN > 0: tuning too
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh sourcencu   where the Hopper kernels' warps wait, per SASS instruction (ncu)
-#   [MODES="mma 0 1" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
-#                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with it
+#   [MODES="mma 0 1 sb" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
+#                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with
+#                                            it (sb: without, scale and bias from shared memory, TVM_B2B_HOPPER_SB=shared)
 #   [VAR=SWITCH MODES="1 0"] bash bench/gpu_session.sh enve2e NAME:BATCH,...   bench_e2e with a switch (default
 #                                            TVM_B2B_HOPPER_PERSIST) at each of MODES
 #   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (the stem idea)
@@ -359,12 +360,16 @@ case "$1" in
     ;;
   persistab)  # the Hopper conv's persistent grid (persist=1): its GPU tests (the subsampled 1x1's too), then ResNet-50's unfused
               # batch-32 convs (CASES: bench_convs --spec flags, else unfused_resnet50_convs) with each of MODES (default "mma 0 1"):
-              # mma = the mma.sync kernel (TVM_B2B_HOPPER=0), else TMA + wgmma (=all) with TVM_B2B_HOPPER_PERSIST=MODE; default configs
+              # mma = the mma.sync kernel (TVM_B2B_HOPPER=0), else TMA + wgmma (=all) with TVM_B2B_HOPPER_PERSIST=MODE, or sb =
+              # TMA + wgmma with TVM_B2B_HOPPER_SB=shared; default configs
     timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride" \
       2>&1 | tail -4
+    timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k shared_memory \
+      2>&1 | tail -4
     for mode in ${MODES:-mma 0 1}; do
-      hopper=$([ "$mode" = mma ] && echo 0 || echo all)
-      TVM_B2B_HOPPER=$hopper TVM_B2B_HOPPER_PERSIST=${mode/mma/0} timeout "${LIMIT:-200}" python3 bench/bench_convs.py \
+      hopper=$([ "$mode" = mma ] && echo 0 || echo all) persist=$([ "$mode" = 1 ] && echo 1 || echo 0)
+      sb=$([ "$mode" = sb ] && echo shared || echo global)
+      TVM_B2B_HOPPER=$hopper TVM_B2B_HOPPER_PERSIST=$persist TVM_B2B_HOPPER_SB=$sb timeout "${LIMIT:-200}" python3 bench/bench_convs.py \
         ${CASES:-$(unfused_resnet50_convs)} --config default --json "$out/convs_persist$mode.json" 2>&1 \
         | tee "$out/convs_persist$mode.txt" | grep -v "^\s*$" \
         | grep -v "^  best" | sed 's/,kh=1,kw=1,stride=1,pad_h=0,pad_w=0//; s/,dtype=float16//' | cut -c1-150

@@ -14,8 +14,9 @@ from tvm_b2b.op.compute import PairForm
 from tvm_b2b.op.conv import ConvSpec, conv_random_inputs, conv_reference
 from tvm_b2b.op.reference import compare, random_inputs, reference
 from tvm_b2b.schedule import plan, rule_for
+from tvm_b2b.schedule import cuda_hopper_conv as hopper_conv
 from tvm_b2b.schedule import cuda_hopper_pair as pair
-from tvm_b2b.schedule.cuda_hopper_conv import PRODUCER_ENV, TIRX_ATTR, producer_default
+from tvm_b2b.schedule.cuda_hopper_conv import PRODUCER_ENV, SB_ENV, TIRX_ATTR, HopperConfig, producer_default
 from tvm_b2b.schedule.cuda_hopper_pair import PAIR_ENV
 from tvm_b2b.target import parse_target, target_info
 
@@ -249,3 +250,51 @@ def test_a_config_picks_the_kernel_it_was_made_for(monkeypatch):
     assert plan(spec, SM90, config="bm=128,bn=64,stages=2").config == pair.HopperConfig(bm=128, bn=64, stages=2)
     with pytest.raises(ValueError, match="bogus"):
         plan(spec, SM90, config="bogus=1")
+
+
+# TVM_B2B_HOPPER_SB=shared (scale_bias_bytes): a 3x3 conv with a residual, a conv in the halo form, the pair with a
+# residual in 4 chunks, in the halo form, in a cluster of 2 (its rank's slice of s and share of s2)
+SB_CASES = [("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", None),
+            ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=128,bn=64,stages=3,halo=1"),
+            CASES[0], CASES[7], CLUSTER_CASES[1]]
+
+
+@pytest.mark.parametrize("case,config", SB_CASES)
+def test_scale_and_bias_from_shared_memory_compile(hopper_on, monkeypatch, tmp_path, case, config):
+    """TVM_B2B_HOPPER_SB=shared: the block's scale and bias (the pair's s2 and b2 of its output channels too) are bulk-
+    copied into shared memory on the first step's mbarrier, which expects their bytes; no epilogue reads them from
+    global memory; the config's shared memory counts them; nvcc compiles it. Anything but global or shared is refused."""
+    monkeypatch.setenv("TVM_B2B_HOPPER", "all")
+    monkeypatch.setenv(SB_ENV, "shared")
+    spec = any_spec(case)
+    conv = isinstance(spec, ConvSpec)
+    source = build(spec, "cuda:sm_90", config=config, db=None).source()
+    assert source.count("tvm_b2b_bulk_load((&(") == (2 if conv else 4)
+    # (the bulk copies take their addresses, &(s_ptr[...]); nothing else reads them)
+    assert not re.search(r"(?<!&\()\b[sb]2?_ptr\[", source), "an epilogue reads scale or bias from global memory"
+    cfg = HopperConfig.parse(config) if config else (hopper_conv if conv else pair).default_config(spec)
+    k1, k2s = (spec.k, 0) if conv else (spec.k1 // cfg.cs, spec.k2 // cfg.cs)
+    assert {int(n) for n in re.findall(r"float [sb]_tile_ptr\[(\d+)\]", source)} == {k1 + k2s}
+    monkeypatch.setenv(SB_ENV, "global")
+    without = (hopper_conv.shared_bytes(spec, cfg) if conv else pair.shared_bytes(spec, cfg))
+    monkeypatch.setenv(SB_ENV, "shared")
+    assert (hopper_conv.shared_bytes(spec, cfg) if conv else pair.shared_bytes(spec, cfg)) == without + 8 * (k1 + k2s)
+    compiles_for_sm90a(source, tmp_path)
+    monkeypatch.setenv(SB_ENV, "smem")
+    with pytest.raises(ValueError, match="global or shared"):
+        hopper_conv.scale_bias_bytes(64, 0, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,config", SB_CASES)
+def test_scale_and_bias_from_shared_memory_match_numpy_on_hopper(hopper_on, monkeypatch, case, config):
+    """On an sm_90 GPU, with TVM_B2B_HOPPER_SB=shared: within the op's float16 tolerance of numpy."""
+    skip_unless_sm90()
+    monkeypatch.setenv("TVM_B2B_HOPPER", "all")
+    monkeypatch.setenv(SB_ENV, "shared")
+    spec = any_spec(case)
+    kernel = build(spec, "cuda", config=config, db=None)
+    conv = isinstance(spec, ConvSpec)
+    arrays = (conv_random_inputs if conv else random_inputs)(spec, seed=11)
+    err, ok = compare(spec, kernel(**arrays), (conv_reference if conv else reference)(spec, **arrays))
+    assert ok, f"max abs error {err}"

@@ -45,6 +45,7 @@ from ..target import max_shared_bytes
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
 PRODUCER_ENV = "TVM_B2B_HOPPER_PRODUCER"  # "warpgroup" (default) or "warp": the producer's threads (producer_threads)
 PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1": a conv's default config takes a persistent grid (persistent_grid); "0" (default)
+SB_ENV = "TVM_B2B_HOPPER_SB"  # "shared": the epilogues read scale and bias from shared memory (scale_bias_bytes); "global"
 SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
 MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
@@ -210,6 +211,20 @@ def subsampled(spec: ConvSpec) -> bool:
     """A strided 1x1 conv without padding (ResNet's downsampling): it reads x at every stride-th column and row, which
     x's tensor map takes as a tensor of their own (its strides stride times x's), tiled like an output."""
     return (spec.kh, spec.kw, spec.pad_h, spec.pad_w) == (1, 1, 0, 0) and spec.stride > 1
+
+
+def scale_bias_bytes(bn: int, k2s: int, persist: bool) -> int:
+    """Shared memory for the scale and bias that a block's epilogues read, bulk-copied with its (tile's) first step
+    rather than loaded from global memory by the epilogue (whose FFMAs then wait on them: Nsight Compute's source page,
+    bench/results/ncu_source_h100_s28.txt): a persistent conv's two copies of its tile's bn channels (always); with
+    TVM_B2B_HOPPER_SB=shared (not yet timed: "global", the default, keeps the loads) a conv's bn channels, or the pair's
+    bn of mid and k2s of its output."""
+    if persist:
+        return 16 * bn
+    mode = os.environ.get(SB_ENV, "global")
+    if mode not in ("global", "shared"):
+        raise ValueError(f"{SB_ENV}={mode}: global or shared")
+    return 8 * (bn + k2s) if mode == "shared" else 0
 
 
 def persist_default() -> int:
@@ -444,10 +459,11 @@ def x_buffers(spec: ConvSpec, cfg: HopperConfig) -> tuple[int, int]:
 
 
 def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
-    """Shared memory: x's buffers, w's (at most one per reduction step) and the output tile (dynamic); a persistent
-    block's two copies of its tiles' scale and bias."""
+    """Shared memory: x's buffers, w's (at most one per reduction step) and the output tile (dynamic); the scale and
+    bias where they are in shared memory (scale_bias_bytes)."""
     xs, x_rows = x_buffers(spec, cfg)
-    return (xs * x_rows + min(cfg.stages, steps(spec)) * cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2 + 16 * cfg.bn * cfg.persist
+    sb = scale_bias_bytes(cfg.bn, 0, bool(cfg.persist))
+    return (xs * x_rows + min(cfg.stages, steps(spec)) * cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2 + sb
 
 
 def second_tile_apart(x_elements: int, bm: int, bn2: int, chunks: int) -> bool:
@@ -570,6 +586,12 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
     acc2_regs = bn2 // 2 if fused else 1
+    sb_floats = scale_bias_bytes(bn, k2s if fused else 0, persist) // 8  # each of s_tile and b_tile (0: none)
+    sb_step_bytes = 8 * (bn + (k2s if fused else 0)) if sb_floats else 0  # what a (tile's) first step copies of them
+
+    def first_step_bytes(ko):
+        """Bytes that step ko's mbarrier expects beyond x's and w's boxes: the scale and bias with the first step."""
+        return T.if_then_else(ko == 0, sb_step_bytes, 0) if sb_step_bytes else 0
 
     def out_tile(jc):
         """Where chunk jc's output tile starts: chunks alternate between the two tiles."""
@@ -590,6 +612,20 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     def first_tile(bk, bi):
         """(channel block, pixel block) of the block's first tile: its own (a block a tile), or tile_at's."""
         return tile_at(bi, 0, grid, channel_blocks) if persist else (bk, bi)
+
+    @T.macro
+    def load_scale_bias(s, b, s2, b2, s_tile, b_tile, at, bk, bar):
+        """Channel block bk's scale and bias into s_tile and b_tile at `at` (the pair's s2 and b2 of its output
+        channels after them), 1-d bulk copies completing on bar (a first step's mbarrier: first_step_bytes)."""
+        T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(s_tile[at]), T.address_of(s[bk * bn]), 4 * bn, bar,
+                         source_code=BULK_LOAD_SOURCE)
+        T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(b_tile[at]), T.address_of(b[bk * bn]), 4 * bn, bar,
+                         source_code=BULK_LOAD_SOURCE)
+        if fused:
+            T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(s_tile[bn]), T.address_of(s2[out_channel(bk)]), 4 * k2s, bar,
+                             source_code=BULK_LOAD_SOURCE)
+            T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(b_tile[bn]), T.address_of(b2[out_channel(bk)]), 4 * k2s, bar,
+                             source_code=BULK_LOAD_SOURCE)
 
     @T.macro
     def load_step(tiles, full, x_map, w_map, g, ko, bk, bi, more_bytes):
@@ -722,6 +758,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         """Chunk jc: its second GEMM, its epilogue into output tile jc % 2, its TMA store."""
         y_tile = T.meta_var(out_tile(jc))
         c2 = T.meta_var(out_channel(bk) + jc * bn2)  # the chunk's first output channel
+        s2_at = T.meta_var(bn + jc * bn2 if sb_floats > 0 else c2)  # its scale's and bias's in s2 and b2 (s_tile's: after mid's)
         chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc)
         for i in T.unroll(acc2_regs):
             T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
@@ -729,7 +766,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             T.cuda.mbarrier_wait(T.address_of(res_full[jc % 2]), jc // 2 % 2)
         elif jc > 1:  # thread 0 has seen the store of chunk jc - 2 read this tile
             T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-        chunk_stores(tiles, acc2, s2, b2, tx, c2, y_tile)
+        chunk_stores(tiles, acc2, s2, b2, tx, s2_at, y_tile)
         T.ptx.fence.proxy.async_.shared__cta()
         T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
         if tx == 0:  # the store runs on while the next chunk is computed into the other tile
@@ -784,9 +821,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         x_empty = T.alloc_buffer((xs,), "uint64", scope="shared", align=8)
         res_full = T.alloc_buffer((2,), "uint64", scope="shared", align=8)  # a residual tile in each output tile
         mid_full = T.alloc_buffer((1,), "uint64", scope="shared", align=8)  # the peers' slices of mid, pushed in
-        # a persistent block's scale and bias of its tiles' channels (two tiles': conv_stores)
-        s_tile = T.alloc_buffer((2 * bn if persist else 1,), "float32", scope="shared", align=16)
-        b_tile = T.alloc_buffer((2 * bn if persist else 1,), "float32", scope="shared", align=16)
+        # the scale and bias that the epilogues read, where in shared memory (scale_bias_bytes; a persistent block's:
+        # two tiles' copies, conv_stores)
+        s_tile = T.alloc_buffer((max(sb_floats, 1),), "float32", scope="shared", align=16)
+        b_tile = T.alloc_buffer((max(sb_floats, 1),), "float32", scope="shared", align=16)
+        # the epilogues' scale and bias (the pair's first ones), and where in them the block's channels start
+        s1, b1, s1_at = T.meta_var((s_tile, b_tile, 0) if sb_floats > 0 else (s, b, bk * bn))
+        s2_in, b2_in = T.meta_var((s_tile, b_tile) if sb_floats > 0 else (s2, b2))
         acc = T.alloc_buffer((acc_regs,), "float32", scope="local")
         acc2 = T.alloc_buffer((acc2_regs,), "float32", scope="local")
         # the pair's mid (mid_register; the cluster form's is in shared memory)
@@ -824,13 +865,10 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                             g = T.meta_var(it * n_steps + ko)
                             if g >= stages:
                                 T.cuda.mbarrier_wait(T.address_of(empty[g % stages]), (g // stages + 1) % 2)
-                            load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, T.if_then_else(ko == 0, 8 * bn, 0))
+                            load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, first_step_bytes(ko))
                             if ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the last
                                 # tile's epilogue may still read the other)
-                                T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(s_tile[it % 2 * bn]), T.address_of(
-                                    s[tile_k * bn]), 4 * bn, T.address_of(full[g % stages]), source_code=BULK_LOAD_SOURCE)
-                                T.cuda.func_call("tvm_b2b_bulk_load", T.address_of(b_tile[it % 2 * bn]), T.address_of(
-                                    b[tile_k * bn]), 4 * bn, T.address_of(full[g % stages]), source_code=BULK_LOAD_SOURCE)
+                                load_scale_bias(s, b, s2, b2, s_tile, b_tile, it % 2 * bn, tile_k, T.address_of(full[g % stages]))
             else:
                 if tx == wgs * 128:
                     for ko in T.serial(all_steps):
@@ -844,16 +882,20 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                                                            T.uint32(halo_bytes))
                                 T.ptx[load](T.address_of(tiles[ko // taps % xs * x_rows * BK]), T.address_of(x_map),
                                             ko // taps * BK, *tiling.tap(bi, 0), T.address_of(x_full[ko // taps % xs]))
-                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(tx_bytes))
+                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]),
+                                                                       T.uint32(tx_bytes + first_step_bytes(ko)))
                             T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
                                           ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[ko % stages]))
                         elif ko < n_steps:
-                            load_step(tiles, full, x_map, w_map, ko, ko, bk, bi, 0)
+                            load_step(tiles, full, x_map, w_map, ko, ko, bk, bi, first_step_bytes(ko))
                         else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
                             T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
                             T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
                                           (ko - n_steps) % k1_steps * BK, out_channel(bk) + (ko - n_steps) // k1_steps * bn2,
                                           T.address_of(full[ko % stages]))
+                        if sb_floats > 0:
+                            if ko == 0:  # the block's scale and bias, with its first step
+                                load_scale_bias(s, b, s2, b2, s_tile, b_tile, 0, bk, T.address_of(full[0]))
         elif persist:  # the consumers: tile after tile
             for it in T.serial(tiles_of(bi, grid, n_tiles)):
                 tile_k, tile_i = T.meta_var(tile_at(bi, it, grid, channel_blocks))
@@ -889,11 +931,11 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             if residual and not fused:
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
             if not fused:
-                conv_stores(tiles, acc, s, b, tx, bk * bn, y_at)
+                conv_stores(tiles, acc, s1, b1, tx, s1_at, y_at)
             for p in T.unroll(acc_regs // 2 if fused else 0):
                 row, ch = T.meta_var(fragment(tx, wg, p))
-                lo = T.meta_var(acc[2 * p] * s[bk * bn + ch] + b[bk * bn + ch])
-                hi = T.meta_var(acc[2 * p + 1] * s[bk * bn + ch + 1] + b[bk * bn + ch + 1])
+                lo = T.meta_var(acc[2 * p] * s1[s1_at + ch] + b1[s1_at + ch])
+                hi = T.meta_var(acc[2 * p + 1] * s1[s1_at + ch + 1] + b1[s1_at + ch + 1])
                 if cluster:  # into the block's slice of mid (bk * bn channels on), swizzled as wgmma reads it
                     T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[mid_at + bk * bn * bm + swizzled(row, ch, bm)]),
                                      act(lo), act(hi), source_code=STORE_SOURCE)
@@ -915,7 +957,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     T.cuda.mbarrier_wait(T.address_of(mid_full[0]), 0)
                 for jc in chunk_loop(chunks):
                     chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w,  # noqa: F821
-                                          y_map, r_map, s2, b2, tx, bk, bi, jc)
+                                          y_map, r_map, s2_in, b2_in, tx, bk, bi, jc)
         if not fused and not persist:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()

@@ -37,8 +37,8 @@ from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .cuda_hopper_conv import (BK, CLUSTER_SIZES, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
-                               kernel_func, measured_slower, memory_problem, second_tile_apart, spec_problem, steps,
-                               x_buffers)
+                               kernel_func, measured_slower, memory_problem, scale_bias_bytes, second_tile_apart, spec_problem,
+                               steps, x_buffers)
 from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
@@ -63,12 +63,14 @@ def cluster_sizes(spec: FusedConvSpec) -> list[int]:
 
 def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
     """The operand buffers (x's tile and the larger of w1's slice and w2's tile) and the output tile (and the other one
-    where x's buffers cannot hold it); mid stays in registers, or with a cluster (cs > 1) in shared memory, whole."""
+    where x's buffers cannot hold it); mid stays in registers, or with a cluster (cs > 1) in shared memory, whole; the
+    scale and bias where in shared memory (scale_bias_bytes)."""
     xs, x_rows = x_buffers(conv3x3_spec(spec), cfg)
     tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.cs // cfg.bn)
     stages = min(cfg.stages, steps(conv3x3_spec(spec)))
     mid = cfg.bm * spec.k1 if cfg.cs > 1 else 0
-    return ((xs * x_rows + stages * max(spec.k1 // cfg.cs, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn + mid) * 2
+    sb = scale_bias_bytes(spec.k1 // cfg.cs, spec.k2 // cfg.cs, False)
+    return ((xs * x_rows + stages * max(spec.k1 // cfg.cs, cfg.bn)) * BK + tiles * cfg.bm * cfg.bn + mid) * 2 + sb
 
 
 def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
