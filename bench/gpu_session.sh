@@ -36,7 +36,7 @@
 #                                            k1 >= 256 pairs at batch 32: GPU tests, clusters of 2-8 vs the two convs; MIN > 0: tuning too
 #   [CFGS="CFG ..."] bash bench/gpu_session.sh pairdeep   the Hopper pair's pipeline depth: dense N=32 pairs, default and each CFG
 #   [CASES="SPEC ..."] bash bench/gpu_session.sh sourcencu   where the Hopper kernels' warps wait, per SASS instruction (ncu)
-#   [MODES="mma 0 1 sb" CASES="--spec SPEC ..."] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
+#   [MODES="mma 0 1 sb" CASES="--spec SPEC ..." TESTS=0] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
 #                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with
 #                                            it (sb: without, scale and bias from shared memory, TVM_B2B_HOPPER_SB=shared)
 #   [VAR=SWITCH MODES="1 0"] bash bench/gpu_session.sh enve2e NAME:BATCH,...   bench_e2e with a switch (default
@@ -362,10 +362,12 @@ case "$1" in
               # batch-32 convs (CASES: bench_convs --spec flags, else unfused_resnet50_convs) with each of MODES (default "mma 0 1"):
               # mma = the mma.sync kernel (TVM_B2B_HOPPER=0), else TMA + wgmma (=all) with TVM_B2B_HOPPER_PERSIST=MODE, or sb =
               # TMA + wgmma with TVM_B2B_HOPPER_SB=shared; default configs
-    timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride" \
-      2>&1 | tail -4
-    timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k shared_memory \
-      2>&1 | tail -4
+    if [ "${TESTS:-1}" = 1 ]; then
+      timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride" \
+        2>&1 | tail -4
+      timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k shared_memory \
+        2>&1 | tail -4
+    fi
     for mode in ${MODES:-mma 0 1}; do
       hopper=$([ "$mode" = mma ] && echo 0 || echo all) persist=$([ "$mode" = 1 ] && echo 1 || echo 0)
       sb=$([ "$mode" = sb ] && echo shared || echo global)
