@@ -85,8 +85,9 @@ cluster_pair_cases() {  # ResNet-50's batch-32 pairs of k1 >= 256 (+residual): t
   for c in "h=14,w=14,c=512,k1=512,k2=2048,stride=2" "h=7,w=7,c=512,k1=512,k2=2048" "h=28,w=28,c=256,k1=256,k2=1024,stride=2" \
            "h=14,w=14,c=256,k1=256,k2=1024"; do printf -- "--case n=32,$c,residual=1,dtype=float16 "; done
 }
-unfused_resnet50_convs() {  # bench_convs' --spec flags: ResNet-50's batch-32 convs that run unfused (its 1x1s, strided 3x3s, last 3x3)
-  for c in "h=56,w=56,c=64,k=64" "h=56,w=56,c=64,k=256,act=none" "h=56,w=56,c=256,k=64" "h=56,w=56,c=256,k=128" \
+unfused_resnet50_convs() {  # bench_convs' --spec flags: ResNet-50's batch-32 convs that run unfused (its stem, 1x1s, strided 3x3s,
+                            # last 3x3)
+  for c in "h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3" "h=56,w=56,c=64,k=64" "h=56,w=56,c=64,k=256,act=none" "h=56,w=56,c=256,k=64" "h=56,w=56,c=256,k=128" \
            "h=56,w=56,c=256,k=512,stride=2,act=none" "h=28,w=28,c=512,k=128" "h=28,w=28,c=512,k=256" \
            "h=28,w=28,c=256,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1" "h=28,w=28,c=512,k=1024,stride=2,act=none" \
            "h=14,w=14,c=256,k=1024,residual=1" "h=14,w=14,c=1024,k=256" "h=14,w=14,c=1024,k=2048,stride=2,act=none" \
@@ -358,12 +359,12 @@ case "$1" in
       python3 bench/ncu_source.py "$out/src_$i.csv" --top 25 2>&1 | cut -c1-200
     done
     ;;
-  persistab)  # the Hopper conv's persistent grid (persist=1): its GPU tests (the subsampled 1x1's too), then ResNet-50's unfused
+  persistab)  # the Hopper conv's persistent grid (persist=1): its GPU tests (the subsampled 1x1's and narrow convs' too), then ResNet-50's unfused
               # batch-32 convs (CASES: bench_convs --spec flags, else unfused_resnet50_convs) with each of MODES (default "mma 0 1"):
               # mma = the mma.sync kernel (TVM_B2B_HOPPER=0), else TMA + wgmma (=all) with TVM_B2B_HOPPER_PERSIST=MODE, or sb =
               # TMA + wgmma with TVM_B2B_HOPPER_SB=shared; default configs
     if [ "${TESTS:-1}" = 1 ]; then
-      timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride" \
+      timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride or kw=2" \
         2>&1 | tail -4
       timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k shared_memory \
         2>&1 | tail -4

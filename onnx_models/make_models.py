@@ -181,6 +181,10 @@ def mini_resnet(g: Graph):  # three bottleneck tails, one with stride 2, plus a 
     return g.conv(x, 32, 8, 1)
 
 
+def stem(g: Graph):  # ResNet's 7x7/2 stem of 3 channels (no pair: its space-to-depth conv)
+    return g.relu(g.conv("x", 3, 64, 7, stride=2))
+
+
 def resnet50_body(g: Graph):
     """ResNet-50's 16 bottlenecks (stem and head left out) as torch exports them, BN folded:
     1x1 -> 3x3 (stride 2 in each stage's first block) -> 1x1 (+ identity or projection) -> relu."""
@@ -216,6 +220,7 @@ MODELS = {
     "mini_resnet": (mini_resnet, (2, 16, 16, 16), 3, 3),
     "projection": (projection, (1, 16, 8, 8), 1, 1),
     "wide_1x1": (wide_1x1, (2, 64, 10, 9), 1, 1),
+    "stem": (stem, (2, 3, 32, 30), 0, 0),
 }
 
 

@@ -46,7 +46,12 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=32,h=27,w=28,c=128,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
          # a subsampled 1x1 of 4 blocks an image (+residual), and of stride 3 in a persistent grid (384 tiles on 264)
          ("n=3,h=30,w=29,c=64,k=64,stride=2,residual=1", "bm=64,bn=64,stages=2"),
-         ("n=64,h=34,w=33,c=72,k=256,stride=3,act=none", "bm=64,bn=128,stages=3,persist=1")]
+         ("n=64,h=34,w=33,c=72,k=256,stride=3,act=none", "bm=64,bn=128,stages=3,persist=1"),
+         # narrow_taps: a 7x7/2 stem of 3 channels as its space-to-depth 4x4 conv of 16 (4 taps a step; default config,
+         # and in a persistent grid: 896 tiles on 264 blocks), a 2x2 conv of 32 channels (2 taps a step) +residual
+         ("n=2,h=35,w=30,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3", None),
+         ("n=8,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3,act=none", "bm=128,bn=64,stages=2,persist=1"),
+         ("n=2,h=9,w=12,c=32,k=128,kh=2,kw=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3")]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -214,6 +219,24 @@ def test_persistent_kernel_loops_over_its_tiles_and_compiles(hopper_on, tmp_path
     compiles_for_sm90a(source, tmp_path)
 
 
+def test_stem_packs_four_taps_a_step_and_compiles(hopper_on, monkeypatch, tmp_path):
+    """narrow_taps: ResNet-50's 7x7/2 stem (3 channels) runs as its space-to-depth 4x4 conv of 16-channel cells, w as
+    (64, 256): each step 4 boxes of x (a kernel row's 4 taps) into the 4 parts of its buffer, wgmma reading them through
+    32-byte-swizzle descriptors (8 rows 256 bytes apart: SBO 16) and w's through the 128-byte one (SBO 64); nvcc
+    compiles it. The default policy (TVM_B2B_HOPPER=1) leaves it to the mma.sync kernel until it is timed."""
+    spec = spec_of("n=32,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3")
+    kernel = build(spec, "cuda:sm_90", db=None)
+    assert kernel.func_names == ["conv2d_wgmma"] and kernel.input_form == InputForm(cells=True, channels=16, weights="kc")
+    source = kernel.source()
+    for tap in range(4):  # step ko: kernel row ko, columns 0-3, each a box into its 128 x 16 part (2048 elements)
+        part = f"((ko * 8192) + {2048 * tap})" if tap else "(ko * 8192)"
+        assert f"tiles_ptr[{part}]))), ((void*)((unsigned long long)(&(x_map)))), 0, {tap}, (ko + " in source, tap
+    assert source.count(", 1, 16, 1);") == 4 and source.count(", 1, 64, 3);") == 4  # x's 4 k-slices, w's
+    compiles_for_sm90a(source, tmp_path)
+    monkeypatch.setenv(hopper.ENABLE_ENV, "1")
+    assert "not yet timed" in hopper.RULE.can_implement(spec, target_info(SM90))
+
+
 @pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7] + CASES[10:11])
 def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
     """One kernel of 128 * (bm / 64 + 1) threads taking three tensor maps (four with a residual, which TMA reads
@@ -284,6 +307,55 @@ def test_model_runs_its_1x1_convs_on_wgmma_and_compiles(hopper_on, wide_model, t
     compiles_for_sm90a(source, tmp_path)
 
 
+@pytest.fixture(scope="module")
+def stem_model(tmp_path_factory):
+    """make_models' stem: ResNet's 7x7/2 conv of 3 channels, relu."""
+    import os
+    import sys
+
+    import onnx
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "onnx_models"))
+    import make_models
+
+    path = tmp_path_factory.mktemp("hopper") / "stem.onnx"
+    onnx.save(make_models.make("stem"), str(path))
+    return str(path)
+
+
+def test_model_runs_its_stem_on_narrow_taps_and_compiles(hopper_on, stem_model, tmp_path):
+    """Build-only: with the kernel everywhere (TVM_B2B_HOPPER=all) a model's stem gets it as its space-to-depth conv
+    of 16-channel cells (the report says so), the cells made by our layout kernel; the model's CUDA compiles for
+    sm_90a."""
+    from tvm_b2b.codegen import compile_module, generated_source
+    from tvm_b2b.frontend.model import analyze, conv_names
+    from tvm_b2b.frontend.rewrite import conv_kernels, fuse_pairs
+
+    mod, candidates, model = analyze(stem_model, SM90, dtype="float16", db=None)
+    (conv,) = conv_kernels(conv_names(model), candidates)
+    assert conv["kernel"] == "tensorcore" and "(sm_90's TMA + wgmma kernel)" in conv["reason"], conv
+    assert "space-to-depth stride-1 conv: n=2,h=19,w=18,c=16,k=64,kh=4,kw=4" in conv["reason"], conv
+    source = generated_source(compile_module(fuse_pairs(mod, SM90, candidates)[0], SM90), SM90)
+    assert len([name for name, params in kernels(source).items() if "CUtensorMap" in params]) == 1, kernels(source)
+    compiles_for_sm90a(source, tmp_path)
+
+
+@pytest.mark.gpu
+def test_model_with_stem_on_narrow_taps_matches_onnxruntime(hopper_on, stem_model, tmp_path):
+    """On an sm_90 GPU: the stem model with its conv on the Hopper kernel (narrow_taps) within 2e-2 of onnxruntime."""
+    import onnxruntime as ort
+    import tvm_b2b
+    from tvm_b2b.frontend.model import compile_model
+
+    skip_unless_sm90()
+    lib = str(tmp_path / "stem.so")
+    compile_model(stem_model, lib, parse_target("cuda"), dtype="float16")
+    x = np.random.default_rng(2).standard_normal((2, 3, 32, 30)).astype(np.float32)
+    (want,) = ort.InferenceSession(stem_model).run(None, {"x": x})
+    (got,) = tvm_b2b.load(lib)(x=x).values()
+    np.testing.assert_allclose(got.astype(np.float32), want, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.gpu
 def test_model_with_wgmma_convs_matches_onnxruntime(hopper_on, wide_model, tmp_path):
     """On an sm_90 GPU: the model with its 1x1 convs on the Hopper kernel within 2e-2 of onnxruntime."""
@@ -345,13 +417,14 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
                                          (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair"),
-                                         (15, None), (16, None), (17, None), (18, None), (19, None)])
+                                         (15, None), (16, None), (17, None), (18, None), (19, None), (20, None), (21, None)])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
     own maps and coordinates, computes the conv (and a pair, in its cluster form too: each rank's slice of mid pushed
     into its peers', each rank's share of k2; a persistent grid's blocks, several tiles each, their shared memory kept
-    from tile to tile) within fp16 rounding, and writes every output."""
+    from tile to tile; a narrow conv's taps packed into a step, rows of 32 or 64 bytes) within fp16 rounding, and
+    writes every output."""
     import os
     import sys
 
@@ -371,9 +444,9 @@ def test_index_math_emulated(case, config):
 
 @st.composite
 def emulated_convs(draw):
-    """A small conv the kernel takes (1x1, 3x3 or 5x5; strides 1-3, padded or not, subsampled 1x1s among them) and a
-    config it takes for it (a persistent grid among them)."""
-    kh = draw(st.sampled_from([1, 3, 5]))
+    """A small conv the kernel takes (1x1 to 5x5; strides 1-3, padded or not, subsampled 1x1s and narrow convs among
+    them) and a config it takes for it (a persistent grid among them)."""
+    kh = draw(st.sampled_from([1, 2, 3, 4, 5]))  # (2 and 4 with 16 or 32 channels: narrow_taps)
     stride, pad = draw(st.integers(1, 3)), draw(st.integers(0, kh // 2))
     h, w = draw(st.integers(kh, 14)), draw(st.integers(kh, 14))
     n, c, k = draw(st.integers(1, 2)), 8 * draw(st.integers(1, 12)), draw(st.sampled_from([64, 128]))

@@ -48,23 +48,33 @@ def tma_load2(flat, dims, stride_b, box, coords):
                     list(coords) + [0, 0])
 
 
+def swizzle(a: int, row_bytes: int) -> int:
+    """TMA's and wgmma's swizzle of rows of row_bytes (32, 64, 128) on byte address a: Swizzle<B,4,3>, B = log2 of the
+    row's 16-byte chunks (address bits [4, 4+B) XOR bits [7, 7+B))."""
+    mask = row_bytes // 16 - 1
+    return a ^ (((a >> 7) & mask) << 4)
+
+
 def smem_write_rows(smem, base_el, rows):
-    """TMA's 128B-swizzled write of 64-element rows at base_el (1024-B aligned): chunk j of row r -> j ^ (r%8)."""
-    assert (base_el * 2) % 1024 == 0
+    """TMA's swizzled write of rows (64, 32 or 16 elements: 128-, 64- or 32-byte swizzle) at base_el (aligned to the
+    swizzle's 8 rows): 16-byte chunk j of row r moves as swizzle() moves its address (128B: j -> j ^ (r % 8))."""
+    row_bytes = rows.shape[1] * 2
+    assert (base_el * 2) % (8 * row_bytes) == 0
     for r in range(rows.shape[0]):
-        for j in range(8):
-            smem[base_el + r * 64 + ((j ^ (r % 8)) * 8): base_el + r * 64 + ((j ^ (r % 8)) * 8) + 8] = rows[r, j * 8:j * 8 + 8]
+        for j in range(row_bytes // 16):
+            at = swizzle(base_el * 2 + r * row_bytes + j * 16, row_bytes) // 2
+            smem[at: at + 8] = rows[r, j * 8:j * 8 + 8]
 
 
-def desc_read(smem, start_el, nrows, lbo=1, sbo=64):
-    """wgmma K-major SW128 operand of nrows x 16 from a descriptor whose start address is start_el (elements):
-    byte address of (row, k) = start + (row%8)*128 + (row//8)*SBO*16 + (k//8)*16 + (k%8)*2, then Swizzle<3,4,3>."""
+def desc_read(smem, start_el, nrows, lbo=1, sbo=64, row_bytes=128):
+    """wgmma K-major swizzled operand of nrows x 16 from a descriptor whose start address is start_el (elements):
+    byte address of (row, k) = start + (row%8)*row_bytes + (row//8)*SBO*16 + (k//8)*16 + (k%8)*2, then swizzle()
+    (SW128: Swizzle<3,4,3>; a narrow conv's x rows, narrow_taps: 32 or 64 bytes)."""
     out = np.zeros((nrows, 16), np.float32)
     for row in range(nrows):
         for k in range(16):
-            a = start_el * 2 + (row % 8) * 128 + (row // 8) * sbo * 16 + (k // 8) * 16 + (k % 8) * 2
-            a = a ^ (((a >> 7) & 7) << 4)
-            out[row, k] = smem[a // 2]
+            a = start_el * 2 + (row % 8) * row_bytes + (row // 8) * sbo * 16 + (k // 8) * 16 + (k % 8) * 2
+            out[row, k] = smem[swizzle(a, row_bytes) // 2]
     return out
 
 
@@ -136,6 +146,7 @@ def emulate(spec, cfg, second=None, rng=None):
     m, c, k, bm, bn, halo = spec.m, spec.c, spec.k, cfg.bm, cfg.bn, bool(cfg.halo)
     tiling = H.Tiling(spec, bm, halo)
     n_steps, c_steps, wgs, taps = H.steps(spec), -(-c // BK), bm // 64, spec.kh * spec.kw
+    tps, xw = H.narrow_taps(spec), H.x_row(spec)  # a narrow conv's taps a step, each a box of rows of xw channels
     fused = second is not None
     k2, bn2 = (second.k2, second.bn2) if fused else (k, bn)
     ranks = k // bn if fused else 1  # the pair's cluster form (its size): block rank bk computes mid's channels bk * bn on
@@ -188,6 +199,13 @@ def emulate(spec, cfg, second=None, rng=None):
                         assert xa.shape[0] == tiling.width * (tiling.rows + spec.kh - 1) <= x_rows
                         smem_write_rows(smem, cs % xs * x_rows * BK, xa)
                     a_at, w_col = cs % xs * x_rows * BK + tiling.shift(t) * BK, t * c + cs * BK
+                elif tps > 1:  # taps ko * tps on, each its box of xw channels into its part of the buffer
+                    for j in range(tps):
+                        xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [0, *tiling.tap(bi, ko * tps + j)],
+                                      tiling.element_strides())
+                        assert xa.shape == (tiling.pixels, xw)
+                        smem_write_rows(smem, st * bm * BK + j * bm * xw, xa)
+                    a_at, w_col = st * bm * BK, ko * BK
                 else:
                     xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [ko % c_steps * BK, *tiling.tap(bi, ko // c_steps)],
                                   tiling.element_strides())
@@ -198,7 +216,11 @@ def emulate(spec, cfg, second=None, rng=None):
                 smem_write_rows(smem, w_at + st * b_rows * BK, wa)
                 for wg in range(wgs):
                     for kk in range(BK // 16):
-                        A = desc_read(smem, a_at + wg * 64 * BK + kk * 16, 64)
+                        if tps > 1:  # k-slice kk: part kk * 16 // xw of the buffer, 8 rows of xw * 2 bytes apart
+                            A = desc_read(smem, a_at + kk * 16 // xw * bm * xw + wg * 64 * xw + kk * 16 % xw, 64, sbo=xw,
+                                          row_bytes=xw * 2)
+                        else:
+                            A = desc_read(smem, a_at + wg * 64 * BK + kk * 16, 64)
                         B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn)
                         with np.errstate(invalid="ignore"):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
@@ -352,6 +374,10 @@ CONVS = [
     ("n=2,h=7,w=9,c=64,k=128", "bm=64,bn=64,stages=2,persist=1"),
     ("n=2,h=9,w=8,c=256,k=128,residual=1,act=relu6", "bm=64,bn=64,stages=3,persist=1"),
     ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
+    # narrow convs (narrow_taps): a stem's 4x4 conv of 16-channel cells (4 taps a step, 32-byte rows), 32 channels
+    # (2 taps a step, 64-byte rows) with padding and a residual, in a persistent grid
+    ("n=2,h=11,w=11,c=16,k=64,kh=4,kw=4", "bm=64,bn=64,stages=3"),
+    ("n=1,h=9,w=12,c=32,k=128,kh=2,kw=2,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=2,persist=1"),
 ]
 PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),

@@ -23,7 +23,9 @@ in shared memory, as wgmma reads them); which pixels a block takes and how TMA r
   coordinates outside a tensor as zeros and does not write them: any pixel count works, and the conv's padding
   costs nothing;
 - the halo form (`halo=1`, stride-1 convs; Tiling): one box of x a 64-channel step for all taps, in buffers of its
-  own (two: one per channel step), beside the ring of w's tap tiles; a tap's wgmma operand starts rows into it.
+  own (two: one per channel step), beside the ring of w's tap tiles; a tap's wgmma operand starts rows into it;
+- a narrow conv (16 or 32 channels: narrow_taps; a stem as its space-to-depth cells, input_form) packs 4 or 2 taps
+  into a step, each a box of x in rows of 32 or 64 bytes (TMA's and wgmma's 32B or 64B swizzle).
 
 ON by default on sm_90 (`TVM_B2B_HOPPER=0` turns it off) where it measured faster than cuda_conv's kernel on the
 H200 (`bash bench/gpu_session.sh hopperconvs`, bench/results/convs_h200_s15_hopper*.txt): at batch 32 every
@@ -39,7 +41,7 @@ from dataclasses import dataclass, fields
 
 from ..lower import TIRX_ATTR
 from ..op.activation import activation
-from ..op.conv import ConvSpec, InputForm
+from ..op.conv import ConvSpec, InputForm, space_to_depth
 from ..target import max_shared_bytes
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
@@ -51,6 +53,7 @@ MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dom
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
+SWIZZLE_OF_ROW = {32: 1, 64: 2, 128: SWIZZLE_128B}  # the same codes by the bytes of a row (narrow_taps' x boxes)
 CLUSTER_SIZES = (1, 2, 4, 8)  # the pair's cluster sizes (cs): portable ones that split k1 into whole 64-channel steps
 MAX_GRID_Y = 65535  # the pixel blocks run along blockIdx.y: consecutive blocks share x's tile (L2) across channel blocks
 CONSUMERS = 8  # the named barrier of the consumer warpgroups (0 is __syncthreads, 1 + i warpgroup i's)
@@ -167,6 +170,8 @@ def halo_problem(spec: ConvSpec, bm: int) -> str | None:
     """Why the halo form (Tiling) cannot compute this conv in tiles of bm pixels, or None."""
     if spec.stride != 1 or flat(spec):
         return f"halo=1 takes a stride-1 conv of more than one tap, not a {spec.kh}x{spec.kw} conv of stride {spec.stride}"
+    if narrow_taps(spec) > 1:
+        return f"halo=1 reads 64-channel boxes; a conv of {spec.c} channels packs {narrow_taps(spec)} taps a step instead"
     width = Tiling(spec, bm, True).width
     if width > min(bm, 256):
         return f"halo=1: a row of {width} input columns does not fit bm={bm} pixels (nor TMA's box, 256)"
@@ -190,7 +195,8 @@ def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
       does not overlap the two;
     - a strided 1x1 (56x56 256->512 stride 2: 31.6 vs 31.0 us at batch 32, 6.7 vs 4.8 at batch 1), measured when TMA's
       strided traversal read x (the subsampled map that reads it now, and the persistent grid, are not timed yet:
-      `bash bench/gpu_session.sh persistab` measures both against the mma.sync kernel)."""
+      `bash bench/gpu_session.sh persistab` measures both against the mma.sync kernel);
+    - a narrow conv (narrow_taps: a stem's space-to-depth cells), not yet timed (persistab's convs include the stem)."""
     if blocks < SM90_SMS // 2:
         return (f"{blocks} blocks, fewer than half of sm_90's {SM90_SMS} SMs: the mma.sync kernel (split-K) "
                 "measured faster at such sizes")
@@ -199,6 +205,8 @@ def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
                 "measured faster")
     if spec.kh * spec.kw == 1 and spec.stride > 1:
         return f"a strided 1x1 conv (stride {spec.stride}): the mma.sync kernel measured faster"
+    if narrow_taps(spec) > 1:
+        return f"a conv of {spec.c} channels (a stem's cells) in {narrow_taps(spec)} taps a step: not yet timed"
     return None
 
 
@@ -324,7 +332,7 @@ class Tiling:
             return [s.c, s.wo, s.ho, s.n, st * s.c * e, st * s.w * s.c * e, s.h * s.w * s.c * e, BK, s.wo, self.rows, 1]
         # a strided conv's box traverses x every st-th column and row (element_strides)
         box = [self.width, self.rows + s.kh - 1] if self.halo else [st * s.wo, st * self.rows]
-        return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, BK, *box, 1]
+        return [s.c, s.w, s.h, s.n, s.c * e, s.w * s.c * e, s.h * s.w * s.c * e, x_row(s), *box, 1]
 
     def element_strides(self) -> list:
         """TMA's traversal strides of x's box: it loads every stride-th element of its box (CUDA's
@@ -424,8 +432,26 @@ def tile_at(b, it, grid: int, channel_blocks: int):
 
 
 def steps(spec: ConvSpec) -> int:
-    """Reduction steps: 64 channels of one tap each."""
-    return spec.kh * spec.kw * -(-spec.c // BK)
+    """Reduction steps: 64 channels of one tap each, or of narrow_taps' taps."""
+    return spec.kh * spec.kw * -(-spec.c // BK) // narrow_taps(spec)
+
+
+NARROW_CHANNELS = (16, 32)  # x's channels that narrow_taps packs into a step (one wgmma K of 16, or two, a tap)
+
+
+def narrow_taps(spec: ConvSpec) -> int:
+    """Taps a reduction step (BK channels) packs: BK // c consecutive kernel columns of a conv of 16 or 32 channels (a
+    stem's space-to-depth cells, 16: ResNet-50's 7x7/2 stem as a 4x4 conv, 4 taps a step), each its own TMA box of x
+    in rows of c * 2 bytes (TMA's and wgmma's 32- or 64-byte swizzle) rather than a 64-channel box a tap, 3/4 of it
+    zeros outside x that the tensor cores would multiply; 1 for any other conv."""
+    if spec.c in NARROW_CHANNELS and not flat(spec) and not subsampled(spec) and spec.kw % (BK // spec.c) == 0:
+        return BK // spec.c
+    return 1
+
+
+def x_row(spec: ConvSpec) -> int:
+    """Channels a row of x's boxes holds (BK, or a narrow conv's c: narrow_taps)."""
+    return BK // narrow_taps(spec)
 
 
 def fragment(tx, wg, p):
@@ -553,7 +579,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     xs, x_rows = x_buffers(spec, cfg)  # x's buffers (the halo form's: of channel steps, beside the ring of w's)
     r_dim = spec.kh * spec.kw * c
     out = dataclasses.replace(spec, k=k2)  # the output tensor's conv (the second GEMM's when fused)
-    x_map_args = tiling.x_map() + tiling.element_strides() + [0, SWIZZLE_128B, 0, 0]  # interleave, swizzle, ...
+    tps, xw = narrow_taps(spec), x_row(spec)  # taps a step, channels a row of x's boxes
+    x_map_args = tiling.x_map() + tiling.element_strides() + [0, SWIZZLE_OF_ROW[xw * 2], 0, 0]  # interleave, swizzle, ...
     w_map_args = [r_dim, k, r_dim * 2, BK, bn, 1, 1, 0, SWIZZLE_128B, 0, 0]
     w2_map_args = [k, k2, k * 2, BK, bn2, 1, 1, 0, SWIZZLE_128B, 0, 0]
     y_map_args = Tiling(out, bm, halo).y_map() + [1, 1, 1, 1, 0, SWIZZLE_128B, 0, 0]  # stores in boxes of 64 channels
@@ -632,10 +659,17 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         """Step ko of tile (bk, bi) (taps' form) into ring buffer g % stages: x's box of its tap, w's tile (and
         more_bytes the caller copies, on the same mbarrier)."""
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(tx_bytes + more_bytes))
-        T.ptx[load](T.address_of(tiles[g % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
-                    *tiling.tap(bi, ko // c_steps), T.address_of(full[g % stages]))
-        T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
-                      ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[g % stages]))
+        if tps > 1:  # taps ko * tps on, each a box of xw channels into its own bm x xw part of the buffer
+            for j in T.unroll(tps):
+                T.ptx[load](T.address_of(tiles[g % stages * bm * BK + j * bm * xw]), T.address_of(x_map), 0,
+                            *tiling.tap(bi, ko * tps + j), T.address_of(full[g % stages]))
+            T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map), ko * BK, bk * bn,
+                          T.address_of(full[g % stages]))
+        else:
+            T.ptx[load](T.address_of(tiles[g % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
+                        *tiling.tap(bi, ko // c_steps), T.address_of(full[g % stages]))
+            T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
+                          ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[g % stages]))
 
     def tile_stores(regs: int, act_of):
         """An epilogue into an output tile, as a macro for `regs` accumulators (the conv's, or the pair's second GEMM's)
@@ -690,8 +724,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             # descriptor's base offset stays 0, as wgmma swizzles the address itself (H100: a base offset of
             # (start >> 7) & 7, as the PTX ISA describes it, computed wrong results; 0 matched numpy)
             for kk in T.unroll(BK // WGMMA_K):
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
-                    tiles[a_at + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
+                if tps > 1:  # k-slice kk: in part kk * 16 // xw of the buffer (narrow_taps), rows of xw channels
+                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
+                        tiles[a_at + kk * WGMMA_K // xw * bm * xw + wg * 64 * xw + kk * WGMMA_K % xw]), DESC_LBO,
+                        xw, SWIZZLE_OF_ROW[xw * 2])  # (8 rows of xw * 2 bytes apart: xw 16-byte units)
+                else:
+                    T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_x), T.address_of(  # noqa: F821
+                        tiles[a_at + wg * 64 * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
                 T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_w), T.address_of(  # noqa: F821
                     tiles[w_at + g % stages * b_rows * BK + kk * WGMMA_K]), DESC_LBO, DESC_SBO, SWIZZLE_128B)
                 T.ptx[mma](*[acc[i] for i in range(acc_regs)], desc_x, desc_w,  # noqa: F821
@@ -1049,40 +1088,61 @@ class HopperRule:
         return [default] + sorted(found, key=distance)
 
 
+def input_form(spec: ConvSpec) -> InputForm:
+    """How the kernel takes x and w: w as (k, kh*kw*c) (K-major, TMA's 2-d boxes); a stem (a strided conv of fewer than 8
+    channels, as cuda_conv's input_form) as its space-to-depth stride-1 conv, its cells padded to 16 channels, which
+    narrow_taps packs 4 taps to a step (ResNet-50's 7x7/2 stem: a 4x4 conv of 16 channels, K = 256 of which 192 real,
+    where 64-channel boxes a tap would multiply 1024)."""
+    if spec.stride > 1 and spec.c < 8 and space_to_depth(spec).c <= NARROW_CHANNELS[0]:
+        return InputForm(cells=True, channels=NARROW_CHANNELS[0], weights="kc")
+    return InputForm(weights="kc")
+
+
+def kernel_conv(spec: ConvSpec) -> ConvSpec:
+    """The conv the kernel computes for spec (input_form's)."""
+    return input_form(spec).spec(spec)
+
+
 class HopperConvRule(HopperRule):
-    """sm_90 convs on TMA + wgmma."""
+    """sm_90 convs on TMA + wgmma (a stem as its space-to-depth conv: input_form)."""
 
     def searched(self, spec: ConvSpec) -> dict[str, tuple]:
         return {**super().searched(spec), "persist": (0, 1)}
 
+    def first_conv(self, spec: ConvSpec) -> ConvSpec:
+        return kernel_conv(spec)
+
     def problem(self, spec: ConvSpec) -> str | None:
-        return spec_problem(spec)
+        return spec_problem(kernel_conv(spec))
 
     def slower(self, spec: ConvSpec) -> str | None:
-        cfg = default_config(spec)
-        return measured_slower(spec, spec.k // cfg.bn * Tiling(spec, cfg.bm).blocks)
+        conv = kernel_conv(spec)
+        cfg = default_config(conv)
+        return measured_slower(conv, conv.k // cfg.bn * Tiling(conv, cfg.bm).blocks)
 
     def config_problem(self, spec: ConvSpec, cfg: HopperConfig, arch: int) -> str | None:
-        return memory_problem(shared_bytes(spec, cfg), cfg, arch) or conv_config_problem(spec, cfg)
+        conv = kernel_conv(spec)
+        return memory_problem(shared_bytes(conv, cfg), cfg, arch) or conv_config_problem(conv, cfg)
 
     def default_config(self, spec: ConvSpec, info) -> HopperConfig:
-        return default_config(spec)
+        return default_config(kernel_conv(spec))
 
     def workload(self, spec: ConvSpec):
         """The PrimFunc of the default config as an IRModule ("main"): the workload that shipping names (a written kernel's
         records key on its spec: tune.written)."""
         import tvm
 
-        return tvm.IRModule({"main": conv_func(spec, default_config(spec))})
+        return tvm.IRModule({"main": conv_func(kernel_conv(spec), default_config(kernel_conv(spec)))})
 
     def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
         from . import Plan
 
-        cfg = config or default_config(spec)
-        problem = memory_problem(shared_bytes(spec, cfg), cfg, info.arch)  # (conv_func raises the others)
+        conv = kernel_conv(spec)
+        cfg = config or default_config(conv)
+        problem = memory_problem(shared_bytes(conv, cfg), cfg, info.arch)  # (conv_func raises the others)
         if problem:
             raise ValueError(f"config: {problem}")
-        return Plan([conv_func(spec, cfg)], True, cfg, input_form=InputForm(weights="kc"), kernel="tensorcore")
+        return Plan([conv_func(conv, cfg)], True, cfg, input_form=input_form(spec), kernel="tensorcore")
 
 
 RULE = HopperConvRule()
