@@ -366,7 +366,7 @@ case "$1" in
     if [ "${TESTS:-1}" = 1 ]; then
       timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride or kw=2" \
         2>&1 | tail -4
-      timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k shared_memory \
+      timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k switches \
         2>&1 | tail -4
     fi
     for mode in ${MODES:-mma 0 1}; do

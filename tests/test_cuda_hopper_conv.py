@@ -272,9 +272,8 @@ def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
     assert ok, f"max abs error {err}"
 
 
-@pytest.fixture(scope="module")
-def wide_model(tmp_path_factory):
-    """make_models' wide_1x1: a projection block of 64 and 128 channels (two single 1x1 convs, one pair)."""
+def made_model(tmp_path_factory, name: str) -> str:
+    """make_models' model `name`, saved: its path."""
     import os
     import sys
 
@@ -283,9 +282,15 @@ def wide_model(tmp_path_factory):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "onnx_models"))
     import make_models
 
-    path = tmp_path_factory.mktemp("hopper") / "wide_1x1.onnx"
-    onnx.save(make_models.make("wide_1x1"), str(path))
+    path = tmp_path_factory.mktemp("hopper") / f"{name}.onnx"
+    onnx.save(make_models.make(name), str(path))
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """make_models' wide_1x1: a projection block of 64 and 128 channels (two single 1x1 convs, one pair)."""
+    return made_model(tmp_path_factory, "wide_1x1")
 
 
 def test_model_runs_its_1x1_convs_on_wgmma_and_compiles(hopper_on, wide_model, tmp_path):
@@ -310,17 +315,7 @@ def test_model_runs_its_1x1_convs_on_wgmma_and_compiles(hopper_on, wide_model, t
 @pytest.fixture(scope="module")
 def stem_model(tmp_path_factory):
     """make_models' stem: ResNet's 7x7/2 conv of 3 channels, relu."""
-    import os
-    import sys
-
-    import onnx
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "onnx_models"))
-    import make_models
-
-    path = tmp_path_factory.mktemp("hopper") / "stem.onnx"
-    onnx.save(make_models.make("stem"), str(path))
-    return str(path)
+    return made_model(tmp_path_factory, "stem")
 
 
 def test_model_runs_its_stem_on_narrow_taps_and_compiles(hopper_on, stem_model, tmp_path):
@@ -341,33 +336,19 @@ def test_model_runs_its_stem_on_narrow_taps_and_compiles(hopper_on, stem_model, 
 
 
 @pytest.mark.gpu
-def test_model_with_stem_on_narrow_taps_matches_onnxruntime(hopper_on, stem_model, tmp_path):
-    """On an sm_90 GPU: the stem model with its conv on the Hopper kernel (narrow_taps) within 2e-2 of onnxruntime."""
+@pytest.mark.parametrize("model,shape", [("wide_model", (2, 64, 10, 9)), ("stem_model", (2, 3, 32, 30))])
+def test_model_with_wgmma_convs_matches_onnxruntime(hopper_on, request, tmp_path, model, shape):
+    """On an sm_90 GPU: a model with its convs on the Hopper kernel (the wide model's 1x1s; the stem: narrow_taps)
+    within 2e-2 of onnxruntime."""
     import onnxruntime as ort
     import tvm_b2b
     from tvm_b2b.frontend.model import compile_model
 
     skip_unless_sm90()
-    lib = str(tmp_path / "stem.so")
-    compile_model(stem_model, lib, parse_target("cuda"), dtype="float16")
-    x = np.random.default_rng(2).standard_normal((2, 3, 32, 30)).astype(np.float32)
-    (want,) = ort.InferenceSession(stem_model).run(None, {"x": x})
-    (got,) = tvm_b2b.load(lib)(x=x).values()
-    np.testing.assert_allclose(got.astype(np.float32), want, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-def test_model_with_wgmma_convs_matches_onnxruntime(hopper_on, wide_model, tmp_path):
-    """On an sm_90 GPU: the model with its 1x1 convs on the Hopper kernel within 2e-2 of onnxruntime."""
-    import onnxruntime as ort
-    import tvm_b2b
-    from tvm_b2b.frontend.model import compile_model
-
-    skip_unless_sm90()
-    lib = str(tmp_path / "wide.so")
-    compile_model(wide_model, lib, parse_target("cuda"), dtype="float16")
-    x = np.random.default_rng(1).standard_normal((2, 64, 10, 9)).astype(np.float32)
-    (want,) = ort.InferenceSession(wide_model).run(None, {"x": x})
+    path, lib = request.getfixturevalue(model), str(tmp_path / "m.so")
+    compile_model(path, lib, parse_target("cuda"), dtype="float16")
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    (want,) = ort.InferenceSession(path).run(None, {"x": x})
     (got,) = tvm_b2b.load(lib)(x=x).values()
     np.testing.assert_allclose(got.astype(np.float32), want, atol=2e-2, rtol=2e-2)
 

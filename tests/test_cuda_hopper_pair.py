@@ -222,17 +222,11 @@ def test_one_producer_warp_compiles(hopper_on, monkeypatch, tmp_path, case, conf
         producer_default()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case,config", PRODUCER_WARP_CASES)
-def test_one_producer_warp_matches_numpy_on_hopper(hopper_on, monkeypatch, case, config):
-    """On an sm_90 GPU, with one producer warp: within the op's float16 tolerance of numpy."""
-    skip_unless_sm90()
-    monkeypatch.setenv("TVM_B2B_HOPPER", "all")
-    monkeypatch.setenv(PRODUCER_ENV, "warp")
-    spec = any_spec(case)
+def assert_matches_numpy(spec, config, seed: int):
+    """The kernel of a conv or pair spec (on the local GPU) within the op's float16 tolerance of numpy."""
     kernel = build(spec, "cuda", config=config, db=None)
     conv = isinstance(spec, ConvSpec)  # (the op kinds' inputs and references differ)
-    arrays = (conv_random_inputs if conv else random_inputs)(spec, seed=7)
+    arrays = (conv_random_inputs if conv else random_inputs)(spec, seed=seed)
     err, ok = compare(spec, kernel(**arrays), (conv_reference if conv else reference)(spec, **arrays))
     assert ok, f"max abs error {err}"
 
@@ -286,15 +280,12 @@ def test_scale_and_bias_from_shared_memory_compile(hopper_on, monkeypatch, tmp_p
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case,config", SB_CASES)
-def test_scale_and_bias_from_shared_memory_match_numpy_on_hopper(hopper_on, monkeypatch, case, config):
-    """On an sm_90 GPU, with TVM_B2B_HOPPER_SB=shared: within the op's float16 tolerance of numpy."""
+@pytest.mark.parametrize("switch,case,config", [(f"{PRODUCER_ENV}=warp", *case) for case in PRODUCER_WARP_CASES] +
+                         [(f"{SB_ENV}=shared", *case) for case in SB_CASES])
+def test_switches_match_numpy_on_hopper(hopper_on, monkeypatch, switch, case, config):
+    """On an sm_90 GPU, with a switch of the kernels (one producer warp; scale and bias from shared memory): within the
+    op's float16 tolerance of numpy."""
     skip_unless_sm90()
     monkeypatch.setenv("TVM_B2B_HOPPER", "all")
-    monkeypatch.setenv(SB_ENV, "shared")
-    spec = any_spec(case)
-    kernel = build(spec, "cuda", config=config, db=None)
-    conv = isinstance(spec, ConvSpec)
-    arrays = (conv_random_inputs if conv else random_inputs)(spec, seed=11)
-    err, ok = compare(spec, kernel(**arrays), (conv_reference if conv else reference)(spec, **arrays))
-    assert ok, f"max abs error {err}"
+    monkeypatch.setenv(*switch.split("="))
+    assert_matches_numpy(any_spec(case), config, seed=7)
