@@ -229,18 +229,20 @@ def scale_bias_bytes(bn: int, k2s: int, persist: bool) -> int:
     bn of mid and k2s of its output."""
     if persist:
         return 16 * bn
-    mode = os.environ.get(SB_ENV, "global")
-    if mode not in ("global", "shared"):
-        raise ValueError(f"{SB_ENV}={mode}: global or shared")
-    return 8 * (bn + k2s) if mode == "shared" else 0
+    return 8 * (bn + k2s) if switch_value(SB_ENV, "global", ("global", "shared")) == "shared" else 0
 
 
 def persist_default() -> int:
     """HopperConfig.persist of a conv's default config: TVM_B2B_HOPPER_PERSIST (0 unless set: not yet measured)."""
-    mode = os.environ.get(PERSIST_ENV, "0")
-    if mode not in ("0", "1"):
-        raise ValueError(f"{PERSIST_ENV}={mode}: 0 or 1")
-    return int(mode)
+    return int(switch_value(PERSIST_ENV, "0", ("0", "1")))
+
+
+def switch_value(name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
+    """Environment switch `name` (`default` where unset), one of `choices`; anything else is a ValueError naming them."""
+    mode = os.environ.get(name, default)
+    if mode is not None and mode not in choices:
+        raise ValueError(f"{name}={mode}: {' or '.join(choices)}")
+    return mode
 
 
 def default_config(spec: ConvSpec) -> HopperConfig:
@@ -366,9 +368,7 @@ class Tiling:
 
 def producer_default(measured: int = 0) -> int:
     """HopperConfig.warp of a default config: TVM_B2B_HOPPER_PRODUCER=warp (1) or warpgroup (0), else `measured`."""
-    mode = os.environ.get(PRODUCER_ENV)
-    if mode not in (None, "warpgroup", "warp"):
-        raise ValueError(f"{PRODUCER_ENV}={mode}: warpgroup or warp")
+    mode = switch_value(PRODUCER_ENV, None, ("warpgroup", "warp"))
     return measured if mode is None else int(mode == "warp")
 
 
