@@ -51,6 +51,12 @@ def cell_padding(spec: ConvSpec) -> tuple[int, int]:
     return spec.stride * rows - spec.h - spec.pad_h, spec.stride * cols - spec.w - spec.pad_w
 
 
+def stem(spec: ConvSpec) -> bool:
+    """A strided conv of fewer than 8 channels (a network's stem): the kernels take it as its space-to-depth
+    conv (space_to_depth), whose cells have stride x stride times the channels."""
+    return spec.stride > 1 and spec.c < 8
+
+
 def space_to_depth(spec: ConvSpec) -> ConvSpec:
     """The stride-1 conv that computes the strided conv `spec` on its zero-padded input cut into
     stride x stride pixel cells, each cell's pixels as channels (space-to-depth, as MLPerf's ResNet

@@ -15,7 +15,8 @@ import os
 
 from tvm import s_tir
 
-from ..op.conv import ConvSpec, InputForm, conv_prim_func, padded_conv_extents, space_to_depth, split_prim_funcs
+from ..op.conv import (ConvSpec, InputForm, conv_prim_func, padded_conv_extents, space_to_depth, split_prim_funcs,
+                       stem)
 from ..target import max_shared_bytes
 from .cuda_wmma import (CHANNEL_UNIT, DTYPE_BYTES, KNOBS, MIN_BLOCKS, WmmaConfig, aligned_row, buildable_schedules,
                         TensorCoreRule, check_fields, marked, pixel_unit, stages_residual, unsupported_reason)
@@ -32,7 +33,7 @@ def input_form(spec: ConvSpec) -> InputForm | None:
     if spec.groups > 1:
         merged = merged_groups(spec)
         return InputForm(groups=merged) if merged else None
-    cells = spec.stride > 1 and spec.c < 8
+    cells = stem(spec)
     c = space_to_depth(spec).c if cells else spec.c
     if c < 8:
         channels = 4 if c < 4 else 8

@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 
 from ..lower import TIRX_ATTR
 from ..op.activation import activation
-from ..op.conv import ConvSpec, InputForm, space_to_depth
+from ..op.conv import ConvSpec, InputForm, space_to_depth, stem
 from ..target import max_shared_bytes
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
@@ -1089,11 +1089,10 @@ class HopperRule:
 
 
 def input_form(spec: ConvSpec) -> InputForm:
-    """How the kernel takes x and w: w as (k, kh*kw*c) (K-major, TMA's 2-d boxes); a stem (a strided conv of fewer than 8
-    channels, as cuda_conv's input_form) as its space-to-depth stride-1 conv, its cells padded to 16 channels, which
-    narrow_taps packs 4 taps to a step (ResNet-50's 7x7/2 stem: a 4x4 conv of 16 channels, K = 256 of which 192 real,
-    where 64-channel boxes a tap would multiply 1024)."""
-    if spec.stride > 1 and spec.c < 8 and space_to_depth(spec).c <= NARROW_CHANNELS[0]:
+    """How the kernel takes x and w: w as (k, kh*kw*c) (K-major, TMA's 2-d boxes); a stem (op.conv.stem) as its
+    space-to-depth stride-1 conv, its cells padded to 16 channels, which narrow_taps packs 4 taps to a step (ResNet-50's
+    7x7/2 stem: a 4x4 conv of 16 channels, K = 256 of which 192 real, where 64-channel boxes a tap would multiply 1024)."""
+    if stem(spec) and space_to_depth(spec).c <= NARROW_CHANNELS[0]:
         return InputForm(cells=True, channels=NARROW_CHANNELS[0], weights="kc")
     return InputForm(weights="kc")
 
