@@ -41,7 +41,8 @@
 #                                            it (sb: without, scale and bias from shared memory, TVM_B2B_HOPPER_SB=shared)
 #   [VAR=SWITCH MODES="1 0"] bash bench/gpu_session.sh enve2e NAME:BATCH,...   bench_e2e with a switch (default
 #                                            TVM_B2B_HOPPER_PERSIST) at each of MODES
-#   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (the stem idea)
+#   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (once a stem idea; the
+#                                            stem now packs its taps without one: narrow_taps)
 #   bash bench/gpu_session.sh hoppersweep    configs of the Hopper pair (vs its two convs) and conv (ResNet-50 batch 32): ~9 min
 #   [BASE=DIR] ENVS="VAR=V ..." bash bench/gpu_session.sh envab   the Hopper pair's dense cases on DIR's tree, then this
 #                                            tree's under each VAR=V: a switch's A/B in one call

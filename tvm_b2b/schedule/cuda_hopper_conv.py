@@ -102,8 +102,8 @@ __forceinline__ __device__ void tvm_b2b_bulk_load(void* dst, const void* src, un
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                :: "r"(to), "l"(src), "r"(bytes), "r"(mbar) : "memory");
 }
-"""  # a persistent conv's scale and bias of a tile's channels, into shared memory beside its first step (no tensor map:
-# a 1-d bulk copy, 16-byte aligned, completing on the step's mbarrier)
+"""  # a block's (a persistent conv's tile's) scale and bias, into shared memory beside its first step (scale_bias_bytes; no
+# tensor map: a 1-d bulk copy, 16-byte aligned, completing on the step's mbarrier)
 PACK_SOURCE = """
 __forceinline__ __device__ unsigned tvm_b2b_pack_half2(float lo, float hi) {
   half2 h = __floats2half2_rn(lo, hi);
@@ -663,13 +663,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
             for j in T.unroll(tps):
                 T.ptx[load](T.address_of(tiles[g % stages * bm * BK + j * bm * xw]), T.address_of(x_map), 0,
                             *tiling.tap(bi, ko * tps + j), T.address_of(full[g % stages]))
-            T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map), ko * BK, bk * bn,
-                          T.address_of(full[g % stages]))
         else:
             T.ptx[load](T.address_of(tiles[g % stages * bm * BK]), T.address_of(x_map), ko % c_steps * BK,
                         *tiling.tap(bi, ko // c_steps), T.address_of(full[g % stages]))
-            T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
-                          ko // c_steps * c + ko % c_steps * BK, bk * bn, T.address_of(full[g % stages]))
+        # w's K of the step: its taps' channels (a narrow step's BK of tps taps; else tap ko // c_steps's ko-th 64)
+        w_column = T.meta_var(ko * BK if tps > 1 else ko // c_steps * c + ko % c_steps * BK)
+        T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map), w_column, bk * bn,
+                      T.address_of(full[g % stages]))
 
     def tile_stores(regs: int, act_of):
         """An epilogue into an output tile, as a macro for `regs` accumulators (the conv's, or the pair's second GEMM's)
@@ -1131,7 +1131,8 @@ class HopperConvRule(HopperRule):
         records key on its spec: tune.written)."""
         import tvm
 
-        return tvm.IRModule({"main": conv_func(kernel_conv(spec), default_config(kernel_conv(spec)))})
+        conv = kernel_conv(spec)
+        return tvm.IRModule({"main": conv_func(conv, default_config(conv))})
 
     def plan(self, spec: ConvSpec, info, config=None, fused: bool = True, policy: bool = False, unfused: bool = True):
         from . import Plan
