@@ -35,6 +35,12 @@ class Graph:
         self.inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
         return name
 
+    def _ints(self, value) -> str:
+        self.count += 1
+        name = f"i{self.count}"
+        self.inits.append(numpy_helper.from_array(np.asarray(value, np.int64), name))
+        return name
+
     def _node(self, op: str, inputs: list[str], **attrs) -> str:
         self.count += 1
         out = f"{op.lower()}{self.count}"
@@ -69,6 +75,21 @@ class Graph:
 
     def sigmoid(self, x: str) -> str:
         return self._node("Sigmoid", [x])
+
+    def halves(self, x: str) -> tuple[str, str]:
+        """torch's x.chunk(2, dim=1) as its exporter writes it: the split point computed from Shape at run time, on
+        1-element vectors (TVM imports a Slice with such bounds as a dynamic_strided_slice of unknown shape)."""
+        channels = self._node("Gather", [self._node("Shape", [x]), self._ints([1])], axis=0)
+        half = self._node("Div", [self._node("Add", [channels, self._ints([1])]), self._ints([2])])
+        first, end = self._node("Mul", [half, self._ints([1])]), self._node("Mul", [half, self._ints([2])])
+        axes = self._ints([1])
+        return self._node("Slice", [x, self._ints([0]), first, axes]), self._node("Slice", [x, first, end, axes])
+
+    def shuffle(self, x: str, shape: list[int]) -> str:
+        """ShuffleNet's channel shuffle of 2 groups: reshape, swap the groups axis, reshape back."""
+        n, c, h, w = shape
+        grouped = self._node("Reshape", [x, self._ints([n, 2, c // 2, h, w])])
+        return self._node("Reshape", [self._node("Transpose", [grouped], perm=[0, 2, 1, 3, 4]), self._ints(shape)])
 
     def model(self, *outputs: str) -> onnx.ModelProto:
         outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
@@ -138,6 +159,16 @@ def inverted_residual(g: Graph, x: str, c: int, out: int, stride: int = 1, expan
 
 def depthwise(g: Graph):  # MobileNetV2's blocks: with the residual, then stride 2 with odd channel counts
     return inverted_residual(g, inverted_residual(g, "x", 16, 16), 16, 12, stride=2, expand=5)
+
+
+def channel_split(g: Graph):
+    """ShuffleNetV2's unit after the previous unit's shuffle: half the channels pass, the other half run 1x1 ->
+    depthwise 3x3 -> 1x1 (a pair), then concat and shuffle. The split's bounds are shape arithmetic on the shuffle's
+    output (TVM imports that as a slice of unknown shape: folded to constants before the import)."""
+    kept, branch = g.halves(g.shuffle("x", [2, 16, 9, 7]))
+    y = g.relu(g.bn(g.conv(branch, 8, 8, 1, bias=False), 8))
+    y = g.relu(g.bn(g.conv(g.bn(g.conv(y, 8, 8, 3, bias=False, groups=8), 8), 8, 8, 1, bias=False), 8))
+    return g.shuffle(g._node("Concat", [kept, y], axis=1), [2, 16, 9, 7])
 
 
 def grouped_1x1(g: Graph):  # negative: the 1x1 is grouped
@@ -212,6 +243,7 @@ MODELS = {
     "two_consumers": (two_consumers, (1, 16, 8, 8), 1, 0),
     "grouped": (grouped, (1, 16, 8, 8), 1, 1),
     "depthwise": (depthwise, (2, 16, 9, 9), 2, 2),
+    "channel_split": (channel_split, (2, 16, 9, 7), 1, 1),
     "grouped_1x1": (grouped_1x1, (1, 16, 8, 8), 1, 0),
     "dilated": (dilated, (1, 16, 8, 8), 1, 0),
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),

@@ -20,6 +20,7 @@ MODELS = {
     "mobilenet_v2": ("mobilenet_v2", {}),
     "resnext50_32x4d": ("resnext50_32x4d", {}),
     "resnet18": ("resnet18", {}),
+    "shufflenet_v2_x1_0": ("shufflenet_v2_x1_0", {}),
 }
 
 
@@ -55,16 +56,18 @@ def calibrated_network(name: str, size: int):
     return net
 
 
-def export(name: str, batch: int, size: int, directory) -> str:
-    """DIR/NAME_bBATCH_SIZE.onnx (made once), input 'input' (batch, 3, size, size), output 'output'."""
+def export(name: str, batch: int, size: int, directory, dynamic_batch: bool = False) -> str:
+    """DIR/NAME_bBATCH_SIZE.onnx (made once), input 'input' (batch, 3, size, size), output 'output'; dynamic_batch:
+    exported with a symbolic batch (dynamic_axes, as deployments often are; traced at `batch`), NAME_dyn_SIZE.onnx."""
     import torch
 
-    path = os.path.join(str(directory), f"{name}_b{batch}_{size}.onnx")
+    path = os.path.join(str(directory), f"{name}_{'dyn' if dynamic_batch else f'b{batch}'}_{size}.onnx")
     if not os.path.exists(path):
         net = calibrated_network(name, size)
         tmp = path + ".tmp.onnx"
+        axes = {"input": {0: "batch"}, "output": {0: "batch"}} if dynamic_batch else None
         torch.onnx.export(net, torch.zeros(batch, 3, size, size), tmp, opset_version=17, dynamo=False,
-                          input_names=["input"], output_names=["output"])
+                          input_names=["input"], output_names=["output"], dynamic_axes=axes)
         os.replace(tmp, path)
     return path
 

@@ -361,9 +361,9 @@ def test_tune_measures_a_written_kernel_on_a_local_gpu_only(hopper_on):
     from tvm_b2b.cli import UserError, _specs_to_tune
 
     spec = ["n=32,h=14,w=14,c=1024,k=256"]
-    assert _specs_to_tune(argparse.Namespace(model=None, spec=spec, only=None, rpc=None), SM90) == [spec_of(spec[0])]
+    assert _specs_to_tune(argparse.Namespace(model=None, spec=spec, only=None, batch=None, rpc=None), SM90) == [spec_of(spec[0])]
     with pytest.raises(UserError, match="written, not scheduled.*local GPU only"):
-        _specs_to_tune(argparse.Namespace(model=None, spec=spec, only=None, rpc="127.0.0.1:9190"), SM90)
+        _specs_to_tune(argparse.Namespace(model=None, spec=spec, only=None, batch=None, rpc="127.0.0.1:9190"), SM90)
 
 
 def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model, tmp_path):
@@ -382,7 +382,7 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 
     (pair,) = pairs_of(analyze(wide_model, SM90, dtype="float16", db=None)[1])
     halves = as_single_convs(pair.spec)
-    specs = _specs_to_tune(argparse.Namespace(model=wide_model, spec=None, only=None, rpc=None), SM90)
+    specs = _specs_to_tune(argparse.Namespace(model=wide_model, spec=None, only=None, batch=None, rpc=None), SM90)
     assert pair.fused and pair.spec in specs, specs
     config_of = {}
     for fused_us, fuses in ((5.0, True), (9.0, False)):

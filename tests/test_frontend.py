@@ -20,6 +20,7 @@ import tvm_b2b
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
 from tvm_b2b.frontend.rewrite import pairs_of
+from tvm_b2b.frontend.static_shapes import fold_static_shapes
 from tvm_b2b.target import has_cuda_gpu, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -262,6 +263,56 @@ def test_model_whose_output_has_no_shape_compiles(tmp_path):
     np.testing.assert_allclose(got["y"], want, atol=1e-4, rtol=1e-4)
 
 
+def test_static_shape_arithmetic_is_folded_to_constants(model_dir):
+    """ShuffleNetV2's channel split (torch's chunk: Shape -> Gather -> Add -> Div -> Mul -> Slice) leaves plain
+    Slices with constant bounds, and the folded model computes what the original does."""
+    model = onnx.load(model_dir / "channel_split.onnx")
+    folded = fold_static_shapes(model)
+    ops = [node.op_type for node in folded.graph.node]
+    assert {"Shape", "Gather", "Div", "Mul"}.isdisjoint(ops) and ops.count("Slice") == 2
+    x = random_input(model_dir / "channel_split.onnx")
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0] for m in (model, folded))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_shape_arithmetic_on_a_dynamic_batch_is_kept():
+    """Where a shape is not static (a symbolic batch), the Shape node and what it computes stay in the graph."""
+    g = make_models.Graph("split", 2, 16, 9, 7)
+    model = g.model(g.relu(g.halves("x")[0]))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    ops = [node.op_type for node in fold_static_shapes(model).graph.node]
+    assert ops == [node.op_type for node in model.graph.node] and "Shape" in ops
+
+
+def with_dynamic_batch(model, path):
+    """The model as torch exports it with dynamic_axes={input: {0: "batch"}, output: {0: "batch"}}, saved to path."""
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    onnx.save(model, path)
+    return path
+
+
+def test_a_dynamic_batch_is_set_by_batch(model_dir, tmp_path, capsys):
+    """A model exported with a dynamic batch (ShuffleNetV2's unit: its channel split then computes its bounds from
+    a symbolic shape) is a one-line error naming --batch; with --batch it compiles and matches onnxruntime's run of
+    the dynamic model (at 2: the unit's reshapes are written for it; test_real_models runs a torch export at another
+    batch than its own); a fixed batch that differs is refused."""
+    path = with_dynamic_batch(onnx.load(model_dir / "channel_split.onnx"), tmp_path / "dynamic.onnx")
+    lib = tmp_path / "m.so"
+    assert main(["compile", str(path), "-o", str(lib)]) == 2
+    assert capsys.readouterr().err.strip().endswith("input x: dynamic shape ['batch', 16, 9, 7] (--batch N sets its batch)")
+    assert main(["compile", str(path), "-o", str(lib), "--batch", "2"]) == 0
+    assert "1 of 1 3x3 -> 1x1 pair(s) fused" in capsys.readouterr().out
+    x = np.random.default_rng(3).standard_normal((2, 16, 9, 7)).astype(np.float32)
+    got = tvm_b2b.load(str(lib))(x=x)
+    want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(next(iter(got.values())), want, atol=1e-4, rtol=1e-4)
+    assert main(["report", str(model_dir / "channel_split.onnx"), "--batch", "3"]) == 2
+    assert "input x: its batch is fixed at 2; --batch 3 sets a symbolic batch only" in capsys.readouterr().err
+
+
 def test_run_prints_a_summary_with_the_top_5(tmp_path, capsys):
     path, x = tmp_path / "classifier.onnx", tmp_path / "x.npy"
     classifier_model(str(path))
@@ -404,8 +455,8 @@ def test_fusion_of_depthwise_pairs_is_decided_by_measurement(model_dir, tmp_path
     info = target_info(target)
     pairs = pairs_of(analyze(path, target, dtype="float16", db=None)[1])
     assert pairs and all(p.fusable and not p.fused for p in pairs), [p.to_json() for p in pairs]
-    specs = _specs_to_tune(argparse.Namespace(model=path, spec=None, only=None), target)
-    assert _specs_to_tune(argparse.Namespace(model=path, spec=None, only="pairs"), target) == \
+    specs = _specs_to_tune(argparse.Namespace(model=path, spec=None, only=None, batch=None), target)
+    assert _specs_to_tune(argparse.Namespace(model=path, spec=None, only="pairs", batch=None), target) == \
         list(dict.fromkeys(p.spec for p in pairs))  # --only pairs: the pairs alone
     db = TuningDatabase(tmp_path / "db", lock=True)
     for pair in pairs:

@@ -6,6 +6,7 @@ Tolerances, as max |tvm - onnxruntime| / max |onnxruntime| over the whole output
 fp16 run of the same network gives (computed in the test; ResNet-50 at batch 1: PyTorch fp16 3.7e-2,
 tvm-b2b 2.4e-2 on the CPU, 2.6e-2 on the H200), and never above 2e-2 where PyTorch's is below that.
 """
+import json
 import re
 
 import onnx
@@ -24,7 +25,7 @@ from tvm_b2b.target import parse_target
 def exports(tmp_path_factory):
     """export(name, batch, size) -> ONNX path, each exported once per test session."""
     directory = tmp_path_factory.mktemp("torch_exports")
-    return lambda name, batch, size: export(name, batch, size, directory)
+    return lambda name, batch, size, **kw: export(name, batch, size, directory, **kw)
 
 
 def run_against_onnxruntime(path, lib, batch, size) -> float:
@@ -67,6 +68,19 @@ def test_torch_export_matches_onnxruntime_on_cpu(exports, tmp_path, name, batch,
     pairs = pairs_of(compile_model(path, str(tmp_path / "m.so"), parse_target("llvm")))
     assert (len(pairs), sum(p.fused for p in pairs)) == (found, fused)
     assert run_against_onnxruntime(path, tmp_path / "m.so", batch, size) <= 1e-4
+
+
+def test_dynamic_batch_export_compiles_at_the_batch_given(exports, tmp_path):
+    """torchvision's ShuffleNetV2 exported with a dynamic batch: its channel split and shuffle compute their sizes
+    from Shape (TVM imports such a split as a slice of unknown shape, which failed every conv after it). With
+    --batch 2 every shape is static, that arithmetic folds to constants, its 19 depthwise 3x3 -> 1x1 pairs fuse,
+    and it matches onnxruntime's run of the dynamic export at batch 2."""
+    path = exports("shufflenet_v2_x1_0", 1, 64, dynamic_batch=True)
+    assert main(["compile", path, "-o", str(tmp_path / "m.so"), "--batch", "2"]) == 0
+    with open(tmp_path / "m.so.json") as f:
+        meta = json.load(f)
+    assert meta["inputs"][0]["shape"] == [2, 3, 64, 64] and sum(p["fused"] for p in meta["pairs"]) == 19
+    assert run_against_onnxruntime(path, tmp_path / "m.so", 2, 64) <= 1e-4
 
 
 POOL = re.compile(r"extern __shared__ __align__\(\d+\) (\w+) (b2b_shared_pool\w*)\[\]")
@@ -206,7 +220,8 @@ def test_mobilenet_v2_on_the_cluster_kernel_matches_onnxruntime(exports, tmp_pat
 
 
 GPU_CASES = [("resnet50", 1, 224), ("resnet50", 32, 224), ("mobilenet_v2", 1, 224), ("mobilenet_v2", 32, 224),
-             ("resnext50_32x4d", 1, 224), ("resnet_bn", 1, 224), ("resnet_bn", 8, 224)]
+             ("resnext50_32x4d", 1, 224), ("resnet_bn", 1, 224), ("resnet_bn", 8, 224), ("shufflenet_v2_x1_0", 1, 224),
+             ("shufflenet_v2_x1_0", 32, 224)]
 
 
 @pytest.mark.gpu

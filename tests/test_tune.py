@@ -561,12 +561,15 @@ def test_tune_refuses_what_it_cannot_search(mma_sync):
 
     target = parse_target("cuda:sm_90")
     tuned = ["n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "n=1,h=28,w=28,c=32,k=32,kh=3,kw=3,pad_h=1,pad_w=1,groups=32"]
-    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only=None), target)] == \
+    assert [s.to_string() for s in _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only=None, batch=None), target)] == \
         [parse_spec(s).to_string() for s in tuned]
     with pytest.raises(UserError, match="splits its reduction"):
-        _specs_to_tune(argparse.Namespace(model=None, spec=["n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"], only=None), target)
+        _specs_to_tune(argparse.Namespace(model=None, spec=["n=1,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1"], only=None,
+                                          batch=None), target)
     with pytest.raises(UserError, match="--only: takes --model"):
-        _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only="pairs"), target)
+        _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only="pairs", batch=None), target)
+    with pytest.raises(UserError, match="--batch: takes --model"):
+        _specs_to_tune(argparse.Namespace(model=None, spec=tuned, only=None, batch=8), target)
 
 
 def test_a_conv_without_parameters_is_measured_once(tmp_path):

@@ -167,13 +167,15 @@ def _specs_to_tune(args, target) -> list:
     if not args.model:
         if args.only:
             raise UserError("--only: takes --model (it picks among the model's specs)")
+        if args.batch is not None:
+            raise UserError("--batch: takes --model (a spec states its own n)")
         specs = [parse_spec(s) for s in args.spec]
         for spec in specs:
             why = untunable(spec, plan(spec, target))
             if why:
                 raise UserError(f"--spec: {spec.to_string()}: {why}")
         return specs
-    _, candidates, _ = analyze(args.model, target, dtype="float16", db=None)
+    _, candidates, _ = analyze(args.model, target, dtype="float16", db=None, batch=args.batch)
     pairs = pairs_of(candidates)
     fused = _by_work([p.spec for p in pairs if p.fused and not untunable(p.spec, p.plan)])
     unfused = _by_work([p.spec for p in pairs if p.fusable and not p.fused])
@@ -222,7 +224,8 @@ def _report(args) -> int:
     from .frontend.rewrite import conv_kernels, pairs_of
     from .target import parse_target
 
-    _, candidates, model = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype)
+    _, candidates, model = analyze(args.model, parse_target(args.target), dtype=None if args.dtype == "float32" else args.dtype,
+                                   batch=args.batch)
     pairs, convs = pairs_of(candidates), conv_kernels(conv_names(model), candidates)
     if args.json:
         print(json.dumps({"pairs": [p.to_json() for p in pairs], "convs": convs}, indent=1))
@@ -261,7 +264,8 @@ def _compile(args) -> int:
             print(f"[{time.perf_counter() - start:6.1f} s] {line}", file=sys.stderr, flush=True)
 
     candidates = compile_model(args.model, args.output, target, fuse=not args.no_fuse, dtype=dtype, db=_db(args),
-                               emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph, progress=progress)
+                               emit_source=args.emit_source, cuda_graph=not args.no_cuda_graph, progress=progress,
+                               batch=args.batch)
     pairs = pairs_of(candidates)
     with open(args.output + ".json") as f:
         convs = json.load(f)["convs"]
@@ -363,13 +367,15 @@ def make_parser() -> argparse.ArgumentParser:
     report.add_argument("--target", default="llvm", help="the target whose kernel decides what fuses (default llvm)")
     report.add_argument("--json", action="store_true", help='print {"pairs": [...], "convs": [...]} as JSON')
     report.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for compile")
+    _batch_option(report)
     report.set_defaults(handler=_report)
 
     comp = commands.add_parser(
         "compile", help="compile an ONNX model, fusing its pairs, to a deployable library",
-        description="Compiles an ONNX model (static input shapes) for a target into OUT.so plus OUT.so.json (its inputs, "
-                    "outputs and pairs), which `tvm-b2b run` and tvm_b2b.load() take. Each fusable 3x3 -> 1x1 pair "
-                    "runs as one fused kernel; the rest compiles with TVM. On CUDA, --dtype float16 is what runs on tensor cores.")
+        description="Compiles an ONNX model (static input shapes, or a symbolic batch that --batch sets) for a target "
+                    "into OUT.so plus OUT.so.json (its inputs, outputs and pairs), which `tvm-b2b run` and tvm_b2b.load() "
+                    "take. Each fusable 3x3 -> 1x1 pair runs as one fused kernel; the rest compiles with TVM. On CUDA, "
+                    "--dtype float16 is what runs on tensor cores.")
     comp.add_argument("model", help="MODEL.onnx")
     comp.add_argument("-o", "--output", required=True, help="OUT.so (metadata goes to OUT.so.json)")
     comp.add_argument("--target", default="llvm", help="llvm, cuda, cuda:sm_XX, 'cuda -arch=sm_XX', "
@@ -383,6 +389,7 @@ def make_parser() -> argparse.ArgumentParser:
                       "replaying the model as one CUDA graph (the default)")
     comp.add_argument("--emit-source", metavar="FILE", help="write the whole model's generated device code (CUDA on cuda "
                       "targets, one translation unit as the GPU compiles it; LLVM IR on CPUs)")
+    _batch_option(comp)
     _db_options(comp)
     comp.set_defaults(handler=_compile)
 
@@ -398,6 +405,7 @@ def make_parser() -> argparse.ArgumentParser:
     tune.add_argument("--only", choices=["pairs", "convs"], help="with --model: only its pairs (those that fuse, then those "
                       "its policy runs unfused), or only its single convs")
     tune.add_argument("--target", default="cuda", help="cuda (the local GPU) or cuda:sm_XX; measuring needs that GPU")
+    _batch_option(tune)
     tune.add_argument("--trials", type=int, default=64, help="trials per spec in total: a rerun continues up to it (default 64)")
     tune.add_argument("--db", required=True, metavar="DIR", help="the tuning database (created if missing; MetaSchedule's JSON files)")
     tune.add_argument("--minutes", type=float, help="stop starting new rounds after this long (rerun to continue)")
@@ -418,6 +426,11 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--bench", action="store_true", help="print the median latency")
     run.set_defaults(handler=_run)
     return parser
+
+
+def _batch_option(parser) -> None:
+    parser.add_argument("--batch", type=int, metavar="N", help="the batch of a model exported with a dynamic one (its "
+                        "inputs' symbolic first dimension); the compiled model runs at that batch")
 
 
 def _db_options(parser):

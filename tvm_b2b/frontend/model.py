@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from ..target import NO_GPU, has_cuda_gpu, target_info
-from .normalize import ModelError, import_model, load_onnx
+from .normalize import ModelError, import_model, load_onnx, static_input_shapes
 
 
 def onnx_signature(model) -> tuple[list[dict], list[str]]:
@@ -24,9 +24,7 @@ def onnx_signature(model) -> tuple[list[dict], list[str]]:
         if value.name in inits:
             continue
         tensor = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        if None in shape:
-            raise ModelError(f"input {value.name}: dynamic shape {shape} (give the model static input shapes)")
+        shape = [d.dim_value for d in tensor.shape.dim]  # static: analyze checked
         inputs.append({"name": value.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(tensor.elem_type).name})
     return inputs, [o.name for o in model.graph.output]
 
@@ -36,35 +34,38 @@ def conv_names(model) -> list[str]:
     return [node.name or node.output[0] for node in model.graph.node if node.op_type == "Conv"]
 
 
-def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="auto", progress=None):
+def analyze(path: str, target, fuse: bool = True, dtype: str | None = None, db="auto", progress=None,
+            batch: int | None = None):
     """(normalized Relax module, candidates of every op kind, planned (frontend.rewrite.plan), ONNX
     model) for `path` on `target`; dtype="float16" runs them in float16. progress: called with a line
-    per stage and per scheduled kernel."""
+    per stage and per scheduled kernel. batch: the size of a symbolic batch (a model exported with a
+    dynamic one); every input shape must be static once it is set."""
     from .rewrite import plan
 
     say = progress or (lambda line: None)
     say(f"importing {path}")
-    model = load_onnx(path)
+    model = load_onnx(path, batch)
+    static_input_shapes(model)
     mod = import_model(model)
     pairs = plan(mod, target, conv_names(model), dtype, fuse, db, progress=say)
     return mod, pairs, model
 
 
 def compile_model(path: str, out: str, target, fuse: bool = True, dtype: str | None = None, db="auto",
-                  emit_source: str | None = None, cuda_graph: bool = True, progress=None) -> list:
+                  emit_source: str | None = None, cuda_graph: bool = True, progress=None, batch: int | None = None) -> list:
     """Compile the ONNX model at `path` for `target` into `out` (+ `out`.json); returns the candidates
     of every op kind (frontend.rewrite.plan). dtype="float16": our kernels run in float16 with float32
     accumulation, and the data stays float16 between them. db: where the fused
     kernels take tuned parameters ("auto": the target GPU's shipped database; None: defaults).
     emit_source: a file for the whole model's generated device code (CUDA, or LLVM IR on CPUs).
     cuda_graph: on CUDA, the model's kernels replay as one CUDA graph (its shapes are static).
-    progress: called with a line per stage (tvm-b2b compile prints them on stderr)."""
+    progress: called with a line per stage (tvm-b2b compile prints them on stderr). batch: as for analyze."""
     from ..codegen import compile_module, generated_source
     from ..schedule import legalized_rules
     from .rewrite import conv_kernels, fuse_pairs, pairs_of
 
     say = progress or (lambda line: None)
-    mod, pairs, model = analyze(path, target, fuse, dtype, db, progress=say)
+    mod, pairs, model = analyze(path, target, fuse, dtype, db, progress=say, batch=batch)
     mod, _ = fuse_pairs(mod, target, pairs)
     say("building the model (TVM: the other ops, code generation)")
     executable = compile_module(mod, target, cuda_graph=cuda_graph, rules=legalized_rules(target))

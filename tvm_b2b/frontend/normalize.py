@@ -12,23 +12,63 @@ class ModelError(ValueError):
     """A model file that cannot be read or imported: one line for the user."""
 
 
-def load_onnx(path: str):
-    """The onnx.ModelProto at `path`, or a ModelError naming the problem."""
+def load_onnx(path: str, batch: int | None = None):
+    """The onnx.ModelProto at `path`, or a ModelError naming the problem. batch: the size of the inputs' symbolic
+    first dimension (a model exported with a dynamic batch), set before anything reads the model's shapes."""
     import onnx
 
     if not os.path.isfile(path):
         raise ModelError(f"{path}: no such file")
     try:
         model = onnx.load(path)
+        if batch is not None:
+            model = with_batch(model, batch)
         if any(not _has_shape(output) for output in model.graph.output):
             # onnxruntime runs such models (exporters write them); the checker and the importer need the
             # outputs' types and shapes, which ONNX's shape inference gives
             model = onnx.shape_inference.infer_shapes(model)
         onnx.checker.check_model(model)
+    except ModelError:
+        raise
     except Exception as err:  # noqa: BLE001 - onnx raises several types for a bad file
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelError(f"{path}: not a valid ONNX model ({first})") from None
     return model
+
+
+def with_batch(model, batch: int):
+    """`model` with `batch` for every graph input's symbolic first dimension; the shapes it declares for outputs and
+    intermediate values (symbolic ones, from the same export) dropped, for shape inference to compute again. An input
+    whose batch is fixed at another size is a ModelError: its graph may have that size written into it."""
+    if batch < 1:
+        raise ModelError(f"--batch {batch}: must be at least 1")
+    weights = {init.name for init in model.graph.initializer}
+    inputs = [value for value in model.graph.input if value.name not in weights]
+    for value in inputs:
+        dims = value.type.tensor_type.shape.dim
+        if not dims:
+            raise ModelError(f"input {value.name}: a scalar has no batch dimension for --batch")
+        if dims[0].HasField("dim_value") and dims[0].dim_value not in (0, batch):
+            raise ModelError(f"input {value.name}: its batch is fixed at {dims[0].dim_value}; --batch {batch} sets a "
+                             f"symbolic batch only (export the model with a dynamic batch, or at batch {batch})")
+        dims[0].dim_value = batch
+    del model.graph.value_info[:]
+    for output in model.graph.output:
+        output.type.tensor_type.ClearField("shape")
+    return model
+
+
+def static_input_shapes(model) -> None:
+    """A ModelError naming the first graph input whose shape is not static (a symbolic or unknown dimension)."""
+    weights = {init.name for init in model.graph.initializer}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name in weights or all(d.HasField("dim_value") for d in dims):
+            continue
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        hint = "--batch N sets its batch" if all(d.HasField("dim_value") for d in dims[1:]) else \
+            "only a symbolic batch can be set (--batch N); export it with static height and width"
+        raise ModelError(f"input {value.name}: dynamic shape {shape} ({hint})")
 
 
 def _has_shape(value) -> bool:
@@ -68,8 +108,10 @@ def import_model(model) -> tvm.IRModule:
     """Relax module of an ONNX model, normalized (see module docstring)."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    from .static_shapes import fold_static_shapes
+
     try:
-        mod = from_onnx(model, keep_params_in_input=False)
+        mod = from_onnx(fold_static_shapes(model), keep_params_in_input=False)
     except Exception as err:  # noqa: BLE001 - the importer raises many types for unsupported ops
         first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ModelError(f"cannot import the model: {first}") from None
