@@ -56,18 +56,26 @@ def calibrated_network(name: str, size: int):
     return net
 
 
-def export(name: str, batch: int, size: int, directory, dynamic_batch: bool = False) -> str:
+def export(name: str, batch: int, size: int, directory, dynamic_batch: bool = False, dynamo: bool = False) -> str:
     """DIR/NAME_bBATCH_SIZE.onnx (made once), input 'input' (batch, 3, size, size), output 'output'; dynamic_batch:
-    exported with a symbolic batch (dynamic_axes, as deployments often are; traced at `batch`), NAME_dyn_SIZE.onnx."""
+    exported with a symbolic batch (as deployments often are; traced at `batch`), NAME_dyn_SIZE.onnx; dynamo: by
+    torch's default exporter since 2.9 (torch.export, opset 20, its optimizer folds BatchNorm), else the TorchScript
+    one (opset 17)."""
     import torch
 
-    path = os.path.join(str(directory), f"{name}_{'dyn' if dynamic_batch else f'b{batch}'}_{size}.onnx")
+    tag = f"{'dyn' if dynamic_batch else f'b{batch}'}{'_dynamo' if dynamo else ''}"
+    path = os.path.join(str(directory), f"{name}_{tag}_{size}.onnx")
     if not os.path.exists(path):
         net = calibrated_network(name, size)
         tmp = path + ".tmp.onnx"
-        axes = {"input": {0: "batch"}, "output": {0: "batch"}} if dynamic_batch else None
-        torch.onnx.export(net, torch.zeros(batch, 3, size, size), tmp, opset_version=17, dynamo=False,
-                          input_names=["input"], output_names=["output"], dynamic_axes=axes)
+        if dynamo:
+            shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
+            torch.onnx.export(net, (torch.zeros(batch, 3, size, size),), tmp, dynamo=True, dynamic_shapes=shapes,
+                              input_names=["input"], output_names=["output"], verbose=False)
+        else:
+            axes = {"input": {0: "batch"}, "output": {0: "batch"}} if dynamic_batch else None
+            torch.onnx.export(net, torch.zeros(batch, 3, size, size), tmp, opset_version=17, dynamo=False,
+                              input_names=["input"], output_names=["output"], dynamic_axes=axes)
         os.replace(tmp, path)
     return path
 
