@@ -1,0 +1,77 @@
+"""Robustness sweep: torchvision CNNs (random weights) exported as users export them, compiled by tvm-b2b on the CPU
+and compared with onnxruntime; one line per model (pairs found and fused, max relative error, or the one-line error).
+--dtype float16 compiles the whole graph in float16 (the GPU's path, fp32 accumulation) and compares its error with
+PyTorch's own float16 run of the network (OK: at most 1.5x that, or 2e-2).
+
+    python bench/sweep_models.py [--dynamo] [--dtype float16] [--size 64] [NAME[:SIZE] ...]   (default: SWEEP below)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "onnx_models"))
+
+import torchvision_models as tm  # noqa: E402
+
+# every torchvision classification family; the size where a model needs more than 64 pixels
+SWEEP = ["resnet18", "resnet34", "resnet_bn", "resnext50_32x4d", "wide_resnet50_2", "mobilenet_v2", "mobilenet_v3_small",
+         "mobilenet_v3_large", "shufflenet_v2_x1_0", "mnasnet0_5", "mnasnet1_0", "efficientnet_b0", "efficientnet_v2_s",
+         "regnet_x_400mf", "regnet_y_400mf", "densenet121", "squeezenet1_1", "googlenet", "convnext_tiny",
+         "inception_v3:299", "vgg11_bn:224", "alexnet:224"]
+
+
+def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str:
+    import tvm_b2b
+    from tvm_b2b.frontend.model import compile_model
+    from tvm_b2b.frontend.rewrite import pairs_of
+    from tvm_b2b.target import parse_target
+
+    tm.MODELS.setdefault(name, (name, {}))
+    start = time.perf_counter()
+    try:
+        path = tm.export(name, 1, size, directory, dynamo=dynamo)
+        lib = os.path.join(directory, f"{name}.so")
+        pairs = pairs_of(compile_model(path, lib, parse_target("llvm"), dtype=None if dtype == "float32" else dtype))
+        x = tm.random_image(1, size)
+        want = tm.onnxruntime_output(path, x)
+        error = tm.relative_error(tvm_b2b.load(lib)(input=x)["output"], want)
+        bound, torch_note = 1e-4, ""
+        if dtype == "float16":
+            torch_error = _torch_float16_error(name, size, x, want)
+            bound, torch_note = max(2e-2, 1.5 * torch_error), f" (torch float16 {torch_error:.1e})"
+    except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
+        return f"{name:20s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+    return (f"{name:20s} {size:4d}  {len(pairs):3d} pairs {sum(p.fused for p in pairs):3d} fused  error {error:.1e}"
+            f"{torch_note}  {'OK' if error <= bound else 'MISMATCH'}  {time.perf_counter() - start:5.1f} s")
+
+
+def _torch_float16_error(name: str, size: int, x, want) -> float:
+    """PyTorch's own float16 run of the network (CPU) against onnxruntime's float32 one."""
+    import torch
+
+    net = tm.calibrated_network(name, size).half()
+    with torch.no_grad():
+        return tm.relative_error(net(torch.from_numpy(x).half()).float().numpy(), want)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=SWEEP)
+    parser.add_argument("--size", type=int, default=64, help="input size of models given without one (default 64)")
+    parser.add_argument("--dynamo", action="store_true", help="torch's default exporter (torch.export) instead of TorchScript's")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for tvm-b2b compile")
+    args = parser.parse_args()
+    print(f"{'model':20s} size  (llvm, {args.dtype}, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} exporter, "
+          "against onnxruntime; error: max |d| / max |onnxruntime|)")
+    with tempfile.TemporaryDirectory() as directory:
+        for entry in args.models:
+            name, _, size = entry.partition(":")
+            print(check(name, int(size or args.size), directory, args.dynamo, args.dtype), flush=True)
+
+
+if __name__ == "__main__":
+    main()
