@@ -21,7 +21,9 @@ import torchvision_models as tm  # noqa: E402
 SWEEP = ["resnet18", "resnet34", "resnet_bn", "resnext50_32x4d", "wide_resnet50_2", "mobilenet_v2", "mobilenet_v3_small",
          "mobilenet_v3_large", "shufflenet_v2_x1_0", "mnasnet0_5", "mnasnet1_0", "efficientnet_b0", "efficientnet_v2_s",
          "regnet_x_400mf", "regnet_y_400mf", "densenet121", "squeezenet1_1", "googlenet", "convnext_tiny",
-         "inception_v3:299", "vgg11_bn:224", "alexnet:224"]
+         "inception_v3:299", "vgg11_bn:224", "alexnet:224",
+         # segmentation (per-pixel scores: Resize, dilated convs)
+         "lraspp_mobilenet_v3_large:128", "deeplabv3_mobilenet_v3_large:128", "fcn_resnet50"]
 
 
 def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str:
@@ -44,8 +46,8 @@ def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str
             torch_error = _torch_float16_error(name, size, x, want)
             bound, torch_note = max(2e-2, 1.5 * torch_error), f" (torch float16 {torch_error:.1e})"
     except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
-        return f"{name:20s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
-    return (f"{name:20s} {size:4d}  {len(pairs):3d} pairs {sum(p.fused for p in pairs):3d} fused  error {error:.1e}"
+        return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+    return (f"{name:28s} {size:4d}  {len(pairs):3d} pairs {sum(p.fused for p in pairs):3d} fused  error {error:.1e}"
             f"{torch_note}  {'OK' if error <= bound else 'MISMATCH'}  {time.perf_counter() - start:5.1f} s")
 
 
@@ -65,7 +67,7 @@ def main() -> None:
     parser.add_argument("--dynamo", action="store_true", help="torch's default exporter (torch.export) instead of TorchScript's")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for tvm-b2b compile")
     args = parser.parse_args()
-    print(f"{'model':20s} size  (llvm, {args.dtype}, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} exporter, "
+    print(f"{'model':28s} size  (llvm, {args.dtype}, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} exporter, "
           "against onnxruntime; error: max |d| / max |onnxruntime|)")
     with tempfile.TemporaryDirectory() as directory:
         for entry in args.models:

@@ -33,7 +33,24 @@ def _network(name: str):
     torch.manual_seed(0)
     if builder == "ResNet":
         return ResNet(Bottleneck, **kwargs)
+    if hasattr(torchvision.models.segmentation, builder):  # its dict output's "out" (aux heads off)
+        return _scores_only(getattr(torchvision.models.segmentation, builder)(weights=None, weights_backbone=None))
     return getattr(torchvision.models, builder)(weights=None, **kwargs)
+
+
+def _scores_only(net):
+    """A torchvision segmentation network's per-pixel scores (the "out" of the dict it returns) as its one output."""
+    import torch
+
+    class ScoresOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)["out"]
+
+    return ScoresOnly()
 
 
 def _calibrate(net, size: int) -> None:
