@@ -70,33 +70,26 @@ def test_torch_export_matches_onnxruntime_on_cpu(exports, tmp_path, name, batch,
     assert run_against_onnxruntime(path, tmp_path / "m.so", batch, size) <= 1e-4
 
 
-def test_dynamic_batch_export_compiles_at_the_batch_given(exports, tmp_path):
-    """torchvision's ShuffleNetV2 exported with a dynamic batch: its channel split and shuffle compute their sizes
-    from Shape (TVM imports such a split as a slice of unknown shape, which failed every conv after it). With
-    --batch 2 every shape is static, that arithmetic folds to constants, its 19 depthwise 3x3 -> 1x1 pairs fuse,
-    and it matches onnxruntime's run of the dynamic export at batch 2."""
-    path = exports("shufflenet_v2_x1_0", 1, 64, dynamic_batch=True)
-    assert main(["compile", path, "-o", str(tmp_path / "m.so"), "--batch", "2"]) == 0
-    with open(tmp_path / "m.so.json") as f:
-        meta = json.load(f)
-    assert meta["inputs"][0]["shape"] == [2, 3, 64, 64] and sum(p["fused"] for p in meta["pairs"]) == 19
-    assert run_against_onnxruntime(path, tmp_path / "m.so", 2, 64) <= 1e-4
+# (exporter, the batch it traces at, the batch --batch sets): torch.export cannot trace a dynamic batch at 1
+DYNAMIC_EXPORTS = [("torchscript", 1, 2), ("dynamo", 2, 3)]
 
 
-# (model, the batch it runs at, --batch (a dynamic-batch export, traced at 2) or None, pairs fused)
-DYNAMO_CASES = [("shufflenet_v2_x1_0", 3, 3, 19)]  # (bench/sweep_models.py --dynamo: 22 models, static batch)
-
-
-@pytest.mark.parametrize("name, batch, set_batch, fused", DYNAMO_CASES, ids=[c[0] for c in DYNAMO_CASES])
-def test_dynamo_export_matches_onnxruntime_on_cpu(exports, tmp_path, name, batch, set_batch, fused):
-    """torch's default exporter since 2.9 (torch.export; opset 20, BatchNorm folded by its optimizer, chunk as
-    Split), as a user of a recent torch exports, here with a dynamic batch compiled at --batch 3."""
-    path = exports(name, 2 if set_batch else batch, 64, dynamic_batch=bool(set_batch), dynamo=True)
-    assert max(o.version for o in onnx.load(path).opset_import if o.domain in ("", "ai.onnx")) >= 18
+@pytest.mark.parametrize("exporter, traced, batch", DYNAMIC_EXPORTS, ids=[c[0] for c in DYNAMIC_EXPORTS])
+def test_dynamic_batch_export_compiles_at_the_batch_given(exports, tmp_path, exporter, traced, batch):
+    """torchvision's ShuffleNetV2 exported with a dynamic batch, by TorchScript's exporter (opset 17: its channel split
+    and shuffle compute their sizes from Shape, which TVM imports as a slice of unknown shape that failed every conv
+    after it) and by torch's default since 2.9 (torch.export: opset 20, BatchNorm folded by its optimizer, chunk as
+    Split). With --batch every shape is static, that arithmetic folds to constants, its 19 depthwise 3x3 -> 1x1 pairs
+    fuse, and it matches onnxruntime's run of the dynamic export at that batch (not the one traced)."""
+    dynamo = exporter == "dynamo"
+    path = exports("shufflenet_v2_x1_0", traced, 64, dynamic_batch=True, dynamo=dynamo)
+    opset = max(o.version for o in onnx.load(path).opset_import if o.domain in ("", "ai.onnx"))
+    assert opset >= 18 if dynamo else opset == 17
     lib = tmp_path / "m.so"
-    assert main(["compile", path, "-o", str(lib)] + (["--batch", str(set_batch)] if set_batch else [])) == 0
+    assert main(["compile", path, "-o", str(lib), "--batch", str(batch)]) == 0
     with open(f"{lib}.json") as f:
-        assert sum(p["fused"] for p in json.load(f)["pairs"]) == fused
+        meta = json.load(f)
+    assert meta["inputs"][0]["shape"] == [batch, 3, 64, 64] and sum(p["fused"] for p in meta["pairs"]) == 19
     assert run_against_onnxruntime(path, lib, batch, 64) <= 1e-4
 
 

@@ -11,18 +11,15 @@ import os
 import numpy as np
 
 from ..target import NO_GPU, has_cuda_gpu, target_info
-from .normalize import ModelError, import_model, load_onnx, static_input_shapes
+from .normalize import ModelError, graph_inputs, import_model, load_onnx, static_input_shapes
 
 
 def onnx_signature(model) -> tuple[list[dict], list[str]]:
     """(inputs as {name, shape, dtype}, output names) of an ONNX graph (initializers excluded)."""
     from onnx import helper
 
-    inits = {i.name for i in model.graph.initializer}
     inputs = []
-    for value in model.graph.input:
-        if value.name in inits:
-            continue
+    for value in graph_inputs(model):
         tensor = value.type.tensor_type
         shape = [d.dim_value for d in tensor.shape.dim]  # static: analyze checked
         inputs.append({"name": value.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(tensor.elem_type).name})

@@ -36,15 +36,19 @@ def load_onnx(path: str, batch: int | None = None):
     return model
 
 
+def graph_inputs(model) -> list:
+    """The graph's inputs a caller gives (ValueInfoProto), not the initializers older exporters list as inputs too."""
+    weights = {init.name for init in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in weights]
+
+
 def with_batch(model, batch: int):
     """`model` with `batch` for every graph input's symbolic first dimension; the shapes it declares for outputs and
     intermediate values (symbolic ones, from the same export) dropped, for shape inference to compute again. An input
     whose batch is fixed at another size is a ModelError: its graph may have that size written into it."""
     if batch < 1:
         raise ModelError(f"--batch {batch}: must be at least 1")
-    weights = {init.name for init in model.graph.initializer}
-    inputs = [value for value in model.graph.input if value.name not in weights]
-    for value in inputs:
+    for value in graph_inputs(model):
         dims = value.type.tensor_type.shape.dim
         if not dims:
             raise ModelError(f"input {value.name}: a scalar has no batch dimension for --batch")
@@ -60,10 +64,9 @@ def with_batch(model, batch: int):
 
 def static_input_shapes(model) -> None:
     """A ModelError naming the first graph input whose shape is not static (a symbolic or unknown dimension)."""
-    weights = {init.name for init in model.graph.initializer}
-    for value in model.graph.input:
+    for value in graph_inputs(model):
         dims = value.type.tensor_type.shape.dim
-        if value.name in weights or all(d.HasField("dim_value") for d in dims):
+        if all(d.HasField("dim_value") for d in dims):
             continue
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
         hint = "--batch N sets its batch" if all(d.HasField("dim_value") for d in dims[1:]) else \

@@ -40,9 +40,9 @@ def _fold_once(model):
         return model
     known = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer
              if _small(init.dims)}
-    folded, kept = {}, []
+    folded, kept, opset = {}, [], _opset(model)
     for node in model.graph.node:
-        values = _evaluate(node, known, shapes, _opset(model))
+        values = _evaluate(node, known, shapes, opset)
         if values is None:
             kept.append(node)
             continue
