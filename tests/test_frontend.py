@@ -275,6 +275,21 @@ def test_static_shape_arithmetic_is_folded_to_constants(model_dir):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("start, end", [(None, None), (1, None), (-2, None), (0, 2), (1, -1), (0, 0)])
+def test_a_folded_shape_slice_is_what_onnxruntime_computes(start, end):
+    """Shape's start/end attributes (opset 15) as onnxruntime takes them, an empty slice (end=0) included."""
+    attrs = {key: value for key, value in (("start", start), ("end", end)) if value is not None}
+    graph = helper.make_graph([helper.make_node("Shape", ["x"], ["s"], **attrs)], "shape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 9, 7])],
+                              [helper.make_tensor_value_info("s", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    folded = fold_static_shapes(model)
+    assert not folded.graph.node
+    x = np.zeros((2, 16, 9, 7), np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(folded.graph.initializer[0]), want)
+
+
 def test_shape_arithmetic_on_a_dynamic_batch_is_kept():
     """Where a shape is not static (a symbolic batch), the Shape node and what it computes stay in the graph."""
     g = make_models.Graph("split", 2, 16, 9, 7)

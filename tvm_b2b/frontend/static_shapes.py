@@ -69,7 +69,7 @@ def _evaluate(node, known: dict, shapes: dict, opset: int):
         if shape is None:
             return None
         attrs = {a.name: a.i for a in node.attribute}
-        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape)) or None], dtype=np.int64)]
+        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], dtype=np.int64)]
     if node.op_type == "Size":
         shape = shapes.get(node.input[0])
         return None if shape is None else [np.array(int(np.prod(shape)), dtype=np.int64)]
