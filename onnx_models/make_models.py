@@ -175,8 +175,15 @@ def grouped_1x1(g: Graph):  # negative: the 1x1 is grouped
     return g.conv(g.relu(g.conv("x", 16, 32, 3)), 32, 16, 1, groups=2)
 
 
-def dilated(g: Graph):  # a dilated conv: TVM's own schedule (no op kind takes it)
+def dilated(g: Graph):  # no pair: a dilated 3x3 (the pair's 3x3 is undilated) -> 1x1, two single convs
     return g.conv(g.relu(g.conv("x", 16, 16, 3, dilation=2)), 16, 8, 1)
+
+
+def atrous(g: Graph):  # DeepLabV3's atrous backbone and ASPP head: dilated dense, depthwise and strided convs
+    x = g.relu(g.conv(g.relu(g.conv("x", 16, 32, 3, dilation=2)), 32, 32, 3, groups=32, dilation=2))
+    branches = [g.relu(g.conv(x, 32, 16, 1))] + [g.relu(g.conv(x, 32, 16, 3, dilation=d)) for d in (3, 6)]
+    y = g.relu(g.conv(g._node("Concat", branches, axis=1), 48, 16, 1))
+    return g.conv(y, 16, 8, 3, stride=2, dilation=2)
 
 
 def sigmoid_between(g: Graph):  # negative: an activation the kernel does not have
@@ -246,6 +253,7 @@ MODELS = {
     "channel_split": (channel_split, (2, 16, 9, 7), 1, 1),
     "grouped_1x1": (grouped_1x1, (1, 16, 8, 8), 1, 0),
     "dilated": (dilated, (1, 16, 8, 8), 1, 0),
+    "atrous": (atrous, (1, 16, 13, 12), 1, 0),
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
     "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),

@@ -21,6 +21,7 @@ MODELS = {
     "resnext50_32x4d": ("resnext50_32x4d", {}),
     "resnet18": ("resnet18", {}),
     "shufflenet_v2_x1_0": ("shufflenet_v2_x1_0", {}),
+    "deeplabv3_resnet50": ("deeplabv3_resnet50", {}),  # segmentation: dilated (atrous) 3x3s of rate 2, 4, 12, 24, 36
 }
 
 

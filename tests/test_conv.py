@@ -26,6 +26,9 @@ KINDS = [
     dict(n=1, h=15, w=13, c=24, k=40, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, residual=True),
     dict(n=1, h=64, w=64, c=3, k=64, kh=7, kw=7, stride=2, pad_h=3, pad_w=3),  # the stem
     dict(n=3, h=9, w=11, c=5, k=7, kh=3, kw=5, pad_h=0, pad_w=2, act="relu6"),
+    dict(n=2, h=17, w=15, c=16, k=24, kh=3, kw=3, pad_h=2, pad_w=2, dilation=2),  # DeepLabV3's atrous 3x3
+    dict(n=1, h=19, w=20, c=8, k=16, kh=3, kw=3, stride=2, pad_h=3, pad_w=1, dilation=3, act="none", residual=True),
+    dict(n=1, h=13, w=12, c=24, k=24, kh=3, kw=3, pad_h=4, pad_w=4, dilation=4, groups=24, act="relu6"),  # depthwise
 ]
 IDS = [ConvSpec(**k).to_string() for k in KINDS]
 
@@ -35,7 +38,8 @@ def torch_conv(spec, x, w, s, b, residual=None):
 
     xt = torch.from_numpy(x.astype(np.float64)).permute(0, 3, 1, 2)
     wt = torch.from_numpy(w.astype(np.float64)).permute(3, 2, 0, 1)
-    y = torch.nn.functional.conv2d(xt, wt, stride=spec.stride, padding=(spec.pad_h, spec.pad_w)).permute(0, 2, 3, 1).numpy()
+    y = torch.nn.functional.conv2d(xt, wt, stride=spec.stride, padding=(spec.pad_h, spec.pad_w), dilation=spec.dilation,
+                                   groups=spec.groups).permute(0, 2, 3, 1).numpy()
     y = y * s + b + (residual.astype(np.float64) if residual is not None else 0)
     return {"relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "none": y}[spec.act]
 
@@ -54,12 +58,19 @@ def test_spec_text_round_trip_and_errors():
     assert ConvSpec.parse(spec.to_string()) == spec
     assert (spec.ho, spec.wo, spec.r) == (112, 112, 147)
     assert ConvSpec.parse("n=1,h=8,w=8,c=4,k=4") == ConvSpec(n=1, h=8, w=8, c=4, k=4)
+    atrous = ConvSpec.parse("n=1,h=9,w=9,c=4,k=4,kh=3,kw=3,pad_h=4,pad_w=2,dilation=4")
+    assert (atrous.span_h, atrous.ho, atrous.wo) == (9, 9, 5) and "dilation=4" in atrous.to_string()
+    assert "dilation" not in spec.to_string()  # left out at 1: the text (and tuning records' specs) of before
     for text, message in [("n=1,h=8,w=8,c=4", "k: missing"), ("n=1,h=8,w=8,c=4,k=4,kh=0", "kh: expected an integer >= 1"),
                           ("n=1,h=8,w=8,c=4,k=4,pad_h=1", "pad: (1, 0) must be smaller"),
                           ("n=1,h=2,w=2,c=4,k=4,kh=5,kw=5,pad_h=1,pad_w=1", "larger than the padded"),
                           ("n=1,h=8,w=8,c=4,k=4,act=gelu", "act: expected one of"),
                           ("n=1,h=8,w=8,c=4,k=6,groups=4", "groups: 4 must divide the input channels (4) and the output channels (6)"),
-                          ("n=1,h=8,w=8,c=4,k=4,dilation=2", "dilation: not a conv spec field")]:
+                          ("n=1,h=8,w=8,c=4,k=4,dilation=0", "dilation: expected an integer >= 1"),
+                          ("n=1,h=8,w=8,c=4,k=4,kh=3,kw=3,pad_h=5,pad_w=1,dilation=2",
+                           "pad: (5, 1) must be smaller than the kernel (5, 5)"),
+                          ("n=1,h=3,w=3,c=4,k=4,kh=3,kw=3,dilation=2", "kernel: 5x5 is larger than the padded 3x3 input"),
+                          ("n=1,h=8,w=8,c=4,k=4,rate=2", "rate: not a conv spec field")]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             ConvSpec.parse(text)
 
@@ -90,6 +101,23 @@ CONV_SHAPES = st.builds(
 @given(spec=CONV_SHAPES)
 def test_cpu_conv_random_shapes(spec):
     _assert_computes_op(spec, "llvm", seed=1)
+
+
+DILATED_SHAPES = st.builds(
+    lambda n, h, w, groups, per_group, multiplier, stride, dilation, pad, act, residual: ConvSpec(
+        n=n, h=h, w=w, c=groups * per_group, k=groups * multiplier, kh=3, kw=3, stride=stride, pad_h=min(pad, 2 * dilation),
+        pad_w=min(pad, 2 * dilation), act=act, residual=residual, groups=groups, dilation=dilation, dtype="float32"),
+    st.integers(1, 2), st.integers(9, 16), st.integers(9, 16), st.sampled_from([1, 4]), st.integers(1, 12),
+    st.sampled_from([1, 8, 16]), st.sampled_from([1, 2]), st.integers(2, 4), st.integers(0, 8),
+    st.sampled_from(["relu", "relu6", "none"]), st.booleans())
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=DILATED_SHAPES)
+def test_cpu_dilated_conv_random_shapes(spec):
+    """Dilated convs (dense and grouped, stride 1 and 2, any padding up to the dilated kernel's) against the
+    reference, which test_reference_matches_torch checks against PyTorch's dilated conv."""
+    _assert_computes_op(spec, "llvm", seed=6)
 
 
 STRIDED_FEW_CHANNELS = st.builds(
@@ -175,6 +203,25 @@ def test_cuda_conv_builds(kind, arch, tmp_path):
     nvcc_compile(source, arch, tmp_path)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_dilated_conv_runs_on_the_tensor_core_template(arch, tmp_path):
+    """A dilated 3x3 (DeepLabV3's, 28x28 at batch 2) runs on the mma.sync template, its taps dilated in the im2col
+    tiles' indices; sm_90's TMA + wgmma kernel refuses it with its reason (its boxes assume adjacent taps)."""
+    from tvm_b2b.schedule import cuda_hopper_conv
+    from tvm_b2b.schedule.cuda_wmma import WmmaConfig
+
+    if arch not in nvcc_arches():
+        pytest.skip(f"nvcc here has no {arch}")
+    spec = ConvSpec(n=2, h=28, w=28, c=256, k=256, kh=3, kw=3, pad_h=2, pad_w=2, dilation=2)
+    assert cuda_hopper_conv.spec_problem(spec) == "dilation 2 (undilated convs only)"
+    target = parse_target(f"cuda:{arch}")
+    planned = plan(spec, target)
+    assert isinstance(planned.config, WmmaConfig) and planned.input_form is None
+    source = compiled_source(planned.kernels, target)
+    assert len(kernels(source)) == len(planned.kernels) and "mma.sync.aligned.m16n8k16" in source
+    nvcc_compile(source, arch, tmp_path)
+
+
 def test_cuda_conv_takes_float16_only():
     with pytest.raises(ValueError, match="float16 only"):
         plan(ConvSpec(n=1, h=8, w=8, c=8, k=8, dtype="float32"), parse_target("cuda:sm_90"))
@@ -184,6 +231,15 @@ def test_cuda_conv_takes_float16_only():
 @pytest.mark.parametrize("kind", KINDS, ids=IDS)
 def test_cuda_conv_matches_reference(kind):
     _assert_computes_op(ConvSpec(**kind, dtype="float16"), "cuda")
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=DILATED_SHAPES)
+def test_cuda_dilated_conv_random_shapes(spec):
+    import dataclasses
+
+    _assert_computes_op(dataclasses.replace(spec, dtype="float16"), "cuda", seed=7)
 
 
 @pytest.mark.gpu
@@ -212,6 +268,28 @@ def test_split_k_definition_computes_the_op():
     out = tvm.runtime.empty((spec.m, spec.k), "float32", dev)
     second(partial, *(tvm.runtime.tensor(inputs[k], dev) for k in ("s", "b")),
            tvm.runtime.tensor(inputs["residual"].reshape(spec.m, spec.k), dev), out)
+    err, ok = compare(spec, out.numpy().reshape(spec.out_shape), conv_reference(spec, **inputs))
+    assert ok, err
+
+
+@pytest.mark.parametrize("kind", [KINDS[4]] + KINDS[7:], ids=IDS[4:5] + IDS[7:])
+def test_gemm_definition_computes_the_op(kind):
+    """op.conv_prim_func's padded GEMM form (a grouped conv's: one GEMM per group), compiled unscheduled for the
+    CPU, matches the reference: the definition the tensor-core templates schedule, its im2col's taps dilated."""
+    import tvm
+
+    from tvm_b2b.op.conv import conv_prim_func, padded_conv_extents
+
+    spec = ConvSpec(**kind, dtype="float32")
+    unit = 16 if spec.groups > 1 else 32
+    func = conv_prim_func(spec, padded_conv_extents(spec, 32, unit, unit))
+    inputs = conv_random_inputs(spec, seed=8)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(inputs[k], dev) for k in ("x", "w", "s", "b")]
+    if spec.residual:
+        args.append(tvm.runtime.tensor(inputs["residual"].reshape(spec.m, spec.k), dev))
+    out = tvm.runtime.empty((spec.m, spec.k), "float32", dev)
+    tvm.compile(tvm.IRModule({"main": func}), "llvm")(*args, out)
     err, ok = compare(spec, out.numpy().reshape(spec.out_shape), conv_reference(spec, **inputs))
     assert ok, err
 

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tvm_b2b
+from tvm_b2b import ConvSpec
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
 from tvm_b2b.frontend.rewrite import pairs_of
@@ -369,10 +370,24 @@ def test_report_lists_every_conv_with_its_kernel(model_dir, capsys):
     assert {c["name"] for c in convs if c["kernel"] == "fused-pair"} == paired
     assert main(["report", str(model_dir / "dilated.onnx"), "--json"]) == 0
     convs = json.loads(capsys.readouterr().out)["convs"]
-    assert [c["kernel"] for c in convs] == ["default", "cpu"] and "dilation [2, 2]" in convs[0]["reason"]
+    assert [c["kernel"] for c in convs] == ["cpu", "cpu"] and "dilation=2" in convs[0]["reason"]
     assert main(["report", str(model_dir / "grouped_sigmoid.onnx"), "--json"]) == 0
     convs = json.loads(capsys.readouterr().out)["convs"]  # grouped convs are single convs too
     assert [c["kernel"] for c in convs] == ["cpu", "cpu"] and "groups=4" in convs[0]["reason"]
+
+
+def test_dilated_convs_run_on_our_kernels_for_cuda(model_dir, capsys):
+    """DeepLabV3's atrous convs (dense dilation 2, 3, 6, a strided one, a depthwise one) in float16 for sm_90: the
+    dense ones on the tensor-core template (not TVM's own schedule), the depthwise one on CUDA cores; the count
+    line names each kind."""
+    assert main(["report", str(model_dir / "atrous.onnx"), "--target", "cuda:sm_90", "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert "7 conv(s): 6 tensorcore, 1 cuda-core, 0 default" in out
+    assert main(["report", str(model_dir / "atrous.onnx"), "--target", "cuda:sm_90", "--dtype", "float16", "--json"]) == 0
+    convs = json.loads(capsys.readouterr().out)["convs"]
+    dilations = [ConvSpec.parse(c["reason"].split(": ", 1)[1].split(" [")[0]).dilation for c in convs]
+    assert dilations == [2, 2, 1, 3, 6, 1, 2]
+    assert [c["kernel"] for c in convs] == ["tensorcore", "cuda-core"] + ["tensorcore"] * 5
 
 
 def test_the_frontend_asks_every_registered_op_kind(model_dir):

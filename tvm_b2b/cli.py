@@ -243,7 +243,8 @@ def _report(args) -> int:
 
 def _conv_counts(convs: list[dict]) -> str:
     """'N conv(s): a fused-pair, b tensorcore, ...' (the kinds that occur; default always)."""
-    kinds = [k for k in ("fused-pair", "tensorcore", "cpu") if any(c["kernel"] == k for c in convs)] + ["default"]
+    kinds = [k for k in ("fused-pair", "tensorcore", "cuda-core", "cpu") if any(c["kernel"] == k for c in convs)]
+    kinds += [k for k in dict.fromkeys(c["kernel"] for c in convs) if k not in kinds + ["default"]] + ["default"]
     return f"{len(convs)} conv(s): " + ", ".join(f"{sum(c['kernel'] == k for c in convs)} {k}" for k in kinds)
 
 
@@ -343,8 +344,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "(batch, height, width, input channels, 3x3 and 1x1 output channels); optional stride=1 (or 2), "
                     "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32); "
                     'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64". A single conv: n, h, w, c, k required; optional kh=1, kw=1, '
-                    'stride=1, pad_h=0, pad_w=0, act=relu, residual=0, dtype=float16; e.g. "n=1,h=224,w=224,c=3,k=64,kh=7,kw=7,'
-                    'stride=2,pad_h=3,pad_w=3"')
+                    'stride=1, pad_h=0, pad_w=0, groups=1, dilation=1, act=relu, residual=0, dtype=float16; '
+                    'e.g. "n=1,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3"')
     op.add_argument("--target", default="llvm", help="llvm, cuda (the local GPU), cuda:sm_XX, TVM's 'cuda -arch=sm_XX' or "
                     "'llvm -mcpu=native', or a target JSON")
     op.add_argument("--check", action="store_true", help="run on random data and compare with the numpy reference (exit 1 on mismatch)")

@@ -53,8 +53,9 @@ def cell_padding(spec: ConvSpec) -> tuple[int, int]:
 
 def stem(spec: ConvSpec) -> bool:
     """A strided conv of fewer than 8 channels (a network's stem): the kernels take it as its space-to-depth
-    conv (space_to_depth), whose cells have stride x stride times the channels."""
-    return spec.stride > 1 and spec.c < 8
+    conv (space_to_depth), whose cells have stride x stride times the channels. (A dilated one's taps are not
+whole cells: it runs as it is.)"""
+    return spec.stride > 1 and spec.c < 8 and spec.dilation == 1
 
 
 def space_to_depth(spec: ConvSpec) -> ConvSpec:
@@ -140,6 +141,12 @@ def _tap(spec: ConvSpec, r):
     return r // (spec.kw * spec.c), r // spec.c % spec.kw, r % spec.c
 
 
+def dilated(spec: ConvSpec, tap):
+    """The input offset of kernel tap `tap`: tap * dilation, the expression itself while the dilation is 1 (so that
+    an undilated conv's PrimFunc, and with it its tuning records' workload, is what it was before dilation)."""
+    return tap * spec.dilation if spec.dilation > 1 else tap
+
+
 def guard(cond, value, dtype):
     """value where cond holds, else zero of dtype."""
     return tirx.if_then_else(cond, value, tirx.const(0, dtype))
@@ -205,7 +212,8 @@ def direct_conv(spec: ConvSpec, x, w, name: str = "conv"):
 
     def conv_at(m, k):
         n, oh, ow = pixel(spec, m)
-        a = pad[n, oh * st + rh, ow * st + rw, group_channel(k, rc, spec.groups, spec.c, spec.k)].astype("float32")
+        i, j = dilated(spec, rh), dilated(spec, rw)
+        a = pad[n, oh * st + i, ow * st + j, group_channel(k, rc, spec.groups, spec.c, spec.k)].astype("float32")
         return te.sum(a * w[rh, rw, rc, k].astype("float32"), axis=[rh, rw, rc])
 
     return te.compute((spec.m, spec.k), conv_at, name=name)
@@ -222,7 +230,7 @@ def _grouped_gemm_form(spec: ConvSpec, ext: dict[str, int], inputs):
     def im2col_at(g, m, r):
         n, oh, ow = pixel(spec, m)
         i, j, c = r // (spec.kw * cg), r // cg % spec.kw, r % cg
-        ih, iw = oh * st + i - spec.pad_h, ow * st + j - spec.pad_w
+        ih, iw = oh * st + dilated(spec, i) - spec.pad_h, ow * st + dilated(spec, j) - spec.pad_w
         inside = tirx.all(m < spec.m, r < spec.r, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
         return guard(inside, x[n, ih, iw, g * cg + c], spec.dtype)
 
@@ -248,7 +256,7 @@ def _im2col(spec: ConvSpec, ext: dict[str, int], x):
     def im2col_at(m, r):
         n, oh, ow = pixel(spec, m)
         i, j, c = _tap(spec, r)
-        ih, iw = oh * st + i - spec.pad_h, ow * st + j - spec.pad_w
+        ih, iw = oh * st + dilated(spec, i) - spec.pad_h, ow * st + dilated(spec, j) - spec.pad_w
         inside = tirx.all(m < spec.m, r < spec.r, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
         return guard(inside, x[n, ih, iw, c], spec.dtype)
 
@@ -311,7 +319,7 @@ def padded_conv_extents(spec: ConvSpec, m_unit: int, r_unit: int, k_unit: int) -
 def conv_reference(spec: ConvSpec, x, w, s, b, residual=None) -> np.ndarray:
     """y (n, ho, wo, k) in spec.dtype; float32 math."""
     f32 = np.float32
-    acc = conv_nhwc(x, w, spec.stride, (spec.pad_h, spec.pad_w), spec.groups)
+    acc = conv_nhwc(x, w, spec.stride, (spec.pad_h, spec.pad_w), spec.groups, spec.dilation)
     pre = acc * s.astype(f32) + b.astype(f32)
     if spec.residual:
         pre = pre + residual.astype(f32)

@@ -83,8 +83,9 @@ def conv_problems(call) -> list[str]:
     problems = []
     if str(a.data_layout) != "NHWC" or str(a.kernel_layout) != "OHWI":
         problems.append("convolution not in NHWC/OHWI layout")
-    if any(int(d) != 1 for d in a.dilation):
-        problems.append(f"dilation {[int(d) for d in a.dilation]}")
+    dilation = [int(d) for d in a.dilation]
+    if dilation[0] != dilation[1]:
+        problems.append(f"dilation {dilation} differs by axis")
     if relax_const(call.args[1]) is None:
         problems.append("weight is not a constant")
     top, left, bottom, right = (int(p) for p in a.padding)
@@ -98,8 +99,9 @@ def conv_problems(call) -> list[str]:
         problems.append(f"dtype {dtype}")
     if not problems:
         _, kh, kw, _ = weight_shape(call)
-        if top >= kh or left >= kw:
-            problems.append(f"padding {[top, left]} not smaller than the {kh}x{kw} kernel")
+        span_h, span_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
+        if top >= span_h or left >= span_w:
+            problems.append(f"padding {[top, left]} not smaller than the {span_h}x{span_w} kernel")
     return problems
 
 
@@ -150,7 +152,8 @@ def _match(graph: Graph, var, name: str) -> ConvCandidate:
     n, h, w, c = shape_of(call.args[0])
     top, left = (int(p) for p in call.attrs.padding[:2])
     candidate.spec = ConvSpec(n=n, h=h, w=w, c=c, k=k, kh=kh, kw=kw, stride=int(call.attrs.strides[0]), pad_h=top,
-                              pad_w=left, act=act, residual=residual is not None, dtype=dtype_of(call), groups=int(call.attrs.groups))
+                              pad_w=left, act=act, residual=residual is not None, dtype=dtype_of(call),
+                              groups=int(call.attrs.groups), dilation=int(call.attrs.dilation[0]))
     weight = relax_const(call.args[1]).astype(np.float32).transpose(1, 2, 3, 0)  # OHWI -> HWIO
     candidate.params = {"w": np.ascontiguousarray(weight), "s": scale, "b": bias}
     candidate.x, candidate.residual, candidate.last, candidate.fused = call.args[0], residual, last, True

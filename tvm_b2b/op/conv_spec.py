@@ -1,11 +1,12 @@
 """ConvSpec: one convolution with its epilogue, the op kind every conv that is not in a fused pair
 runs as (op kind "conv2d"):
 
-y = act( conv(x, w, kh x kw, stride, pad) * s + b [+ r] )
+y = act( conv(x, w, kh x kw, stride, pad, dilation) * s + b [+ r] )
 
 Layouts: x NHWC (n, h, w, c); w HWIO (kh, kw, c / groups, k); s, b (k,) float32; r and y NHWC (n, ho, wo, k).
 With groups g, output channel j reads the c / g input channels of its group j // (k / g) (depthwise: g = c).
-No dilation. Accumulation is float32.
+With dilation d, tap (i, j) reads input pixel (oh * stride + i * d - pad_h, ow * stride + j * d - pad_w)
+(DeepLabV3's and FCN's atrous convs): the kernel spans d * (kh - 1) + 1 rows. Accumulation is float32.
 The op's TE definition and numpy reference are in op/conv.py.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .spec import check_groups, check_options, parse_fields, spec_text
 
 OP_KIND = "conv2d"
 SIZE_FIELDS = ("n", "h", "w", "c", "k")
-SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w", "groups")  # defaulted: a dense 1x1 stride-1 conv
+SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w", "groups", "dilation")  # defaulted: a dense 1x1 stride-1 conv
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class ConvSpec:
     residual: bool = False
     dtype: str = "float16"
     groups: int = 1
+    dilation: int = 1
 
     def __post_init__(self):
         for name in SIZE_FIELDS + SHAPE_FIELDS:
@@ -42,20 +44,29 @@ class ConvSpec:
             least = 0 if name.startswith("pad") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
-        if self.pad_h >= self.kh or self.pad_w >= self.kw:
-            raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.kh}, {self.kw})")
+        if self.pad_h >= self.span_h or self.pad_w >= self.span_w:
+            raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.span_h}, {self.span_w})")
         if self.ho < 1 or self.wo < 1:
-            raise ValueError(f"kernel: {self.kh}x{self.kw} is larger than the padded {self.h}x{self.w} input")
+            raise ValueError(f"kernel: {self.span_h}x{self.span_w} is larger than the padded {self.h}x{self.w} input")
         check_groups(self, self.k)
         check_options(self, ("act",))
 
     @property
+    def span_h(self) -> int:
+        """Input rows one output pixel reads: the kernel's rows, dilated."""
+        return self.dilation * (self.kh - 1) + 1
+
+    @property
+    def span_w(self) -> int:
+        return self.dilation * (self.kw - 1) + 1
+
+    @property
     def ho(self) -> int:
-        return (self.h + 2 * self.pad_h - self.kh) // self.stride + 1
+        return (self.h + 2 * self.pad_h - self.span_h) // self.stride + 1
 
     @property
     def wo(self) -> int:
-        return (self.w + 2 * self.pad_w - self.kw) // self.stride + 1
+        return (self.w + 2 * self.pad_w - self.span_w) // self.stride + 1
 
     @property
     def m(self) -> int:

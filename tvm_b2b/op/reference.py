@@ -20,17 +20,18 @@ def _act(v: np.ndarray, name: str) -> np.ndarray:
     return activation(name).numpy(v)
 
 
-def conv_nhwc(x, w, stride: int, pad: tuple[int, int], groups: int = 1) -> np.ndarray:
+def conv_nhwc(x, w, stride: int, pad: tuple[int, int], groups: int = 1, dilation: int = 1) -> np.ndarray:
     """The convolution of x NHWC by w HWIO (kh, kw, c / groups, k) in float32, without epilogue: per
-    tap, each group's window times its weights (depthwise: groups = c)."""
+    tap, each group's window times its weights (depthwise: groups = c); tap (i, j) offset by (i, j) * dilation."""
     f32 = np.float32
     kh, kw, per_group, k = w.shape
+    d = dilation
     xp = np.pad(x.astype(f32), ((0, 0), (pad[0], pad[0]), (pad[1], pad[1]), (0, 0)))
-    ho, wo = (xp.shape[1] - kh) // stride + 1, (xp.shape[2] - kw) // stride + 1
+    ho, wo = (xp.shape[1] - d * (kh - 1) - 1) // stride + 1, (xp.shape[2] - d * (kw - 1) - 1) // stride + 1
     acc = np.zeros((x.shape[0], ho, wo, groups, k // groups), f32)
     for i in range(kh):
         for j in range(kw):
-            window = xp[:, i: i + stride * (ho - 1) + 1: stride, j: j + stride * (wo - 1) + 1: stride, :]
+            window = xp[:, d * i: d * i + stride * (ho - 1) + 1: stride, d * j: d * j + stride * (wo - 1) + 1: stride, :]
             window = window.reshape(*window.shape[:3], groups, per_group)
             taps = w[i, j].astype(f32).reshape(per_group, groups, k // groups)
             acc += np.einsum("nhwgc,cgk->nhwgk", window, taps, optimize=True)

@@ -95,13 +95,16 @@ class FusedConvSpec:
         return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups"), SIZE_FIELDS, "a spec field")
 
 
+UNWRITTEN_ONES = ("groups", "dilation")  # fields added later: left out while 1
+
+
 def spec_text(spec) -> str:
-    """'field=value,...' of a spec dataclass, groups left out while 1 (a dense conv's text, and so its
-    tuning-database spec lists, read as they did before grouped convs existed)."""
+    """'field=value,...' of a spec dataclass, groups and dilation left out while 1 (a dense undilated conv's
+    text, and so its tuning-database spec lists, read as they did before either existed)."""
     parts = []
     for field in dataclasses.fields(spec):
         value = getattr(spec, field.name)
-        if field.name != "groups" or value != 1:
+        if field.name not in UNWRITTEN_ONES or value != 1:
             parts.append(f"{field.name}={int(value) if isinstance(value, bool) else value}")
     return ",".join(parts)
 

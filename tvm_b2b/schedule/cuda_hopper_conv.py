@@ -151,6 +151,8 @@ def spec_problem(spec: ConvSpec) -> str | None:
     """Why the kernel cannot compute this conv, or None."""
     if spec.groups != 1:
         return f"groups={spec.groups} (dense convs only)"
+    if spec.dilation != 1:  # its TMA boxes and halo rows assume adjacent taps
+        return f"dilation {spec.dilation} (undilated convs only)"
     if spec.stride > 8:
         return f"stride {spec.stride}: TMA traverses at most every 8th element"
     if spec.dtype != "float16":
