@@ -4,6 +4,10 @@ and compared with onnxruntime; one line per model (pairs found and fused, max re
 PyTorch's own float16 run of the network (OK: at most 1.5x that, or 2e-2).
 
     python bench/sweep_models.py [--dynamo] [--dtype float16] [--size 64] [NAME[:SIZE] ...]   (default: SWEEP below)
+
+--kernels TARGET (e.g. cuda:sm_90) runs nothing: it plans each model for that target in float16, as `tvm-b2b report`
+does, and prints which kernels its convs get (fused pairs, our tensor-core or CUDA-core kernels, TVM's own schedule
+"default") with the reasons of the default ones: what a user without that GPU here can check before compiling.
 """
 from __future__ import annotations
 
@@ -51,6 +55,31 @@ def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str
             f"{torch_note}  {'OK' if error <= bound else 'MISMATCH'}  {time.perf_counter() - start:5.1f} s")
 
 
+def kernels(name: str, size: int, directory: str, dynamo: bool, target_name: str) -> str:
+    """One line: the model's convs by kernel for `target_name` (float16), then each distinct reason for TVM's own
+    schedule with how many convs it holds."""
+    from collections import Counter
+
+    from tvm_b2b.frontend.model import analyze, conv_names
+    from tvm_b2b.frontend.rewrite import conv_kernels, pairs_of
+    from tvm_b2b.target import parse_target
+
+    tm.MODELS.setdefault(name, (name, {}))
+    start = time.perf_counter()
+    try:
+        path = tm.export(name, 1, size, directory, dynamo=dynamo)
+        _, candidates, model = analyze(path, parse_target(target_name), dtype="float16")
+    except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
+        return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+    convs = conv_kernels(conv_names(model), candidates)
+    counts = Counter(c["kernel"] for c in convs)
+    pairs = pairs_of(candidates)
+    line = (f"{name:28s} {size:4d}  {len(convs):3d} convs: " + ", ".join(f"{n} {k}" for k, n in counts.most_common())
+            + f"; {sum(p.fused for p in pairs)}/{len(pairs)} pairs fused  {time.perf_counter() - start:5.1f} s")
+    reasons = Counter(c["reason"] for c in convs if c["kernel"] == "default")
+    return line + "".join(f"\n{'':34s}default x{n}: {reason}" for reason, n in reasons.most_common())
+
+
 def _torch_float16_error(name: str, size: int, x, want) -> float:
     """PyTorch's own float16 run of the network (CPU) against onnxruntime's float32 one."""
     import torch
@@ -66,7 +95,16 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="input size of models given without one (default 64)")
     parser.add_argument("--dynamo", action="store_true", help="torch's default exporter (torch.export) instead of TorchScript's")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for tvm-b2b compile")
+    parser.add_argument("--kernels", metavar="TARGET", help="plan only, for TARGET (e.g. cuda:sm_90): each model's kernels")
     args = parser.parse_args()
+    if args.kernels:
+        print(f"{'model':28s} size  ({args.kernels}, float16, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} "
+              "exporter: the kernels each model's convs get)")
+        with tempfile.TemporaryDirectory() as directory:
+            for entry in args.models:
+                name, _, size = entry.partition(":")
+                print(kernels(name, int(size or args.size), directory, args.dynamo, args.kernels), flush=True)
+        return
     print(f"{'model':28s} size  (llvm, {args.dtype}, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} exporter, "
           "against onnxruntime; error: max |d| / max |onnxruntime|)")
     with tempfile.TemporaryDirectory() as directory:
