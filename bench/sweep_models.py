@@ -12,6 +12,7 @@ does, and prints which kernels its convs get (fused pairs, our tensor-core or CU
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -97,21 +98,18 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for tvm-b2b compile")
     parser.add_argument("--kernels", metavar="TARGET", help="plan only, for TARGET (e.g. cuda:sm_90): each model's kernels")
     args = parser.parse_args()
+    exporter = "torch.export" if args.dynamo else "TorchScript"
     if args.kernels:
-        print(f"{'model':28s} size  ({args.kernels}, float16, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} "
-              "exporter: the kernels each model's convs get)")
-        with tempfile.TemporaryDirectory() as directory:
-            for entry in args.models:
-                name, _, size = entry.partition(":")
-                print(kernels(name, int(size or args.size), directory, args.dynamo, args.kernels), flush=True)
-        return
-    print(f"{'model':28s} size  (llvm, {args.dtype}, batch 1, {'torch.export' if args.dynamo else 'TorchScript'} exporter, "
-          "against onnxruntime; error: max |d| / max |onnxruntime|)")
+        header = f"{args.kernels}, float16, batch 1, {exporter} exporter: the kernels each model's convs get"
+        line = functools.partial(kernels, target_name=args.kernels)
+    else:
+        header = f"llvm, {args.dtype}, batch 1, {exporter} exporter, against onnxruntime; error: max |d| / max |onnxruntime|"
+        line = functools.partial(check, dtype=args.dtype)
+    print(f"{'model':28s} size  ({header})")
     with tempfile.TemporaryDirectory() as directory:
         for entry in args.models:
             name, _, size = entry.partition(":")
-            print(check(name, int(size or args.size), directory, args.dynamo, args.dtype), flush=True)
-
+            print(line(name, int(size or args.size), directory, args.dynamo), flush=True)
 
 if __name__ == "__main__":
     main()
