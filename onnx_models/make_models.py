@@ -175,8 +175,14 @@ def grouped_1x1(g: Graph):  # negative: the 1x1 is grouped
     return g.conv(g.relu(g.conv("x", 16, 32, 3)), 32, 16, 1, groups=2)
 
 
-def dilated(g: Graph):  # no pair: a dilated 3x3 (the pair's 3x3 is undilated) -> 1x1, two single convs
-    return g.conv(g.relu(g.conv("x", 16, 16, 3, dilation=2)), 16, 8, 1)
+def dilated(g: Graph):  # negative: a 3x3 dilated by 2 but padded by 1 (it shrinks the image) -> 1x1, two single convs
+    return g.conv(g.relu(g.conv("x", 16, 16, 3, dilation=2, pad=1)), 16, 8, 1)
+
+
+def atrous_pairs(g: Graph):  # DeepLabV3-ResNet50's dilated bottleneck, then a dilated depthwise pair (MobileNetV3's)
+    y = g.relu(g.conv(g.relu(g.conv("x", 16, 8, 1)), 8, 8, 3, dilation=2))
+    x = g.relu(g.add(g.conv(y, 8, 16, 1), "x"))
+    return g.conv(g.relu6(g.conv(x, 16, 16, 3, groups=16, dilation=4)), 16, 8, 1)
 
 
 def atrous(g: Graph):  # DeepLabV3's atrous backbone and ASPP head: dilated dense, depthwise and strided convs
@@ -254,6 +260,7 @@ MODELS = {
     "grouped_1x1": (grouped_1x1, (1, 16, 8, 8), 1, 0),
     "dilated": (dilated, (1, 16, 8, 8), 1, 0),
     "atrous": (atrous, (1, 16, 13, 12), 1, 0),
+    "atrous_pairs": (atrous_pairs, (2, 16, 13, 12), 2, 2),
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
     "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),

@@ -75,7 +75,7 @@ def test_activations_and_residual_are_folded_into_the_spec(model_dir):
 @pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped_1x1", "grouped 1x1 conv (groups=2)"),
                                           ("sigmoid_between", "unsupported op between the convolutions: sigmoid"),
                                           ("grouped_sigmoid", "unsupported op between the convolutions: sigmoid"),
-                                          ("dilated", "dilated 3x3 conv")])
+                                          ("dilated", "3x3 conv padding [1, 1, 1, 1] (needs 2: its dilation)")])
 def test_report_reasons(model_dir, name, reason, capsys):
     assert main(["report", str(model_dir / f"{name}.onnx"), "--json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
@@ -388,6 +388,18 @@ def test_dilated_convs_run_on_our_kernels_for_cuda(model_dir, capsys):
     dilations = [ConvSpec.parse(c["reason"].split(": ", 1)[1].split(" [")[0]).dilation for c in convs]
     assert dilations == [2, 2, 1, 3, 6, 1, 2]
     assert [c["kernel"] for c in convs] == ["tensorcore", "cuda-core"] + ["tensorcore"] * 5
+
+
+def test_dilated_pairs_fuse_for_cuda(model_dir, capsys):
+    """A dilated bottleneck (3x3 dilated by 2 -> 1x1 + residual) and a dilated depthwise pair (by 4) in float16 for
+    sm_90: both fused, each as one kernel of the mma.sync templates (the Hopper kernels take no dilation)."""
+    path = str(model_dir / "atrous_pairs.onnx")
+    pairs = pairs_of(analyze(path, parse_target("cuda:sm_90"), dtype="float16")[1])
+    assert [(p.fused, p.spec.dilation, p.spec.groups, p.spec.residual) for p in pairs] == [(True, 2, 1, True),
+                                                                                          (True, 4, 16, False)]
+    assert all(len(p.plan.kernels) == 1 and p.plan.kernel == "tensorcore" for p in pairs)
+    assert main(["report", path, "--target", "cuda:sm_90", "--dtype", "float16", "--json"]) == 0
+    assert [c["kernel"] for c in json.loads(capsys.readouterr().out)["convs"]] == ["tensorcore"] + ["fused-pair"] * 4
 
 
 def test_the_frontend_asks_every_registered_op_kind(model_dir):

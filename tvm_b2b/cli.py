@@ -342,7 +342,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "against the same template's two-kernel form. Both need the target's device on this machine.")
     op.add_argument("--spec", required=True, help="the pair as comma-separated fields: n, h, w, c, k1, k2 required "
                     "(batch, height, width, input channels, 3x3 and 1x1 output channels); optional stride=1 (or 2), "
-                    "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32); "
+                    "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32), "
+                    "groups=1, dilation=1 (the 3x3's; padded by it); "
                     'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64". A single conv: n, h, w, c, k required; optional kh=1, kw=1, '
                     'stride=1, pad_h=0, pad_w=0, groups=1, dilation=1, act=relu, residual=0, dtype=float16; '
                     'e.g. "n=1,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3"')

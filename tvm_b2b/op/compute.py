@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from tvm import te, tirx
 
 from .activation import activation as act
-from .conv import direct_conv, group_channel, guard, kc_weights, pixel, vector_lanes
+from .conv import dilated, direct_conv, group_channel, guard, kc_weights, pixel, vector_lanes
 from .conv_spec import ConvSpec
 from .spec import FusedConvSpec
 
@@ -67,9 +67,10 @@ class PairForm:
 
 
 def conv3x3_spec(spec: FusedConvSpec) -> ConvSpec:
-    """The pair's 3x3 as a single conv (op kind conv2d) with s1/b1/act1."""
-    return ConvSpec(n=spec.n, h=spec.h, w=spec.w, c=spec.c, k=spec.k1, kh=3, kw=3, stride=spec.stride, pad_h=1, pad_w=1,
-                    act=spec.act1, dtype=spec.dtype, groups=spec.groups)
+    """The pair's 3x3 as a single conv (op kind conv2d) with s1/b1/act1, padded by its dilation."""
+    d = spec.dilation
+    return ConvSpec(n=spec.n, h=spec.h, w=spec.w, c=spec.c, k=spec.k1, kh=3, kw=3, stride=spec.stride, pad_h=d, pad_w=d,
+                    act=spec.act1, dtype=spec.dtype, groups=spec.groups, dilation=d)
 
 
 def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
@@ -142,7 +143,8 @@ def _gemm_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
 
     def im2col_at(m, r):
         n, oh, ow = pixel(spec, m)
-        ih, iw = oh * s + r // (3 * c) - 1, ow * s + r // c % 3 - 1
+        ih = oh * s + dilated(spec, r // (3 * c)) - spec.dilation  # tap row (r // 3c - 1) * dilation
+        iw = ow * s + dilated(spec, r // c % 3) - spec.dilation
         inside = tirx.all(m < spec.m, r < 9 * c, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
         return guard(inside, x[n, ih, iw, r % c], dt)
 
@@ -176,7 +178,7 @@ def _grouped_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
 
     def xcol_at(m, th, tw, rc, k):
         n, oh, ow = pixel(spec, m)
-        ih, iw = oh * s + th - 1, ow * s + tw - 1
+        ih, iw = oh * s + dilated(spec, th) - spec.dilation, ow * s + dilated(spec, tw) - spec.dilation
         inside = tirx.all(real(m, k), ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
         return guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
 

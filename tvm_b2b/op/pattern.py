@@ -118,14 +118,17 @@ def _conv_problem(call, kernel: int) -> str | None:
         return "convolution not in NHWC/OHWI layout"
     if int(a.groups) != 1 and kernel == 1:
         return f"grouped 1x1 conv (groups={int(a.groups)})"
-    if any(int(d) != 1 for d in a.dilation):
-        return f"dilated {kernel}x{kernel} conv"
+    dilation = [int(d) for d in a.dilation]
+    if kernel == 1 and dilation != [1, 1]:
+        return "dilated 1x1 conv"
     if relax_const(call.args[1]) is None:
         return f"{kernel}x{kernel} conv weight is not a constant"
     pad, strides = [int(p) for p in a.padding], [int(s) for s in a.strides]
     if kernel == 3:
-        if pad != [1, 1, 1, 1]:
-            return f"3x3 conv padding {pad} (needs 1)"
+        if dilation[0] != dilation[1]:
+            return f"3x3 conv dilation {dilation} differs by axis"
+        if pad != [dilation[0]] * 4:  # the pair's 3x3 keeps its input's size (strided: ceil(h / stride))
+            return f"3x3 conv padding {pad} (needs {dilation[0]}: its dilation)"
         if strides[0] != strides[1] or strides[0] not in (1, 2):
             return f"3x3 conv stride {strides} (needs 1 or 2)"
     elif pad != [0, 0, 0, 0] or strides != [1, 1]:
@@ -281,7 +284,8 @@ def _match(graph: Graph, var2, conv2, names: dict) -> Pair | None:
     residual, act2, last = epilogue(graph, last, shape_of(conv2))
     n, h, w, c = shape_of(conv1.args[0])
     pair.spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=int(conv1.attrs.strides[0]), act1=act1 or "none",
-                              act2=act2, residual=residual is not None, dtype=dtype, groups=int(conv1.attrs.groups))
+                              act2=act2, residual=residual is not None, dtype=dtype, groups=int(conv1.attrs.groups),
+                              dilation=int(conv1.attrs.dilation[0]))
     pair.params = dict(
         w1=relax_const(conv1.args[1]).astype(np.float32).transpose(1, 2, 3, 0),  # OHWI -> HWIO
         s1=s1, b1=b1,

@@ -1,10 +1,12 @@
 """FusedConvSpec: the shape and options of one fused 3x3 -> 1x1 convolution pair.
 
-y = act2( conv1x1( act1( conv3x3(x, w1, pad 1, stride, groups) * s1 + b1 ), w2 ) * s2 + b2 [+ r] )
+y = act2( conv1x1( act1( conv3x3(x, w1, pad d, stride, groups, dilation d) * s1 + b1 ), w2 ) * s2 + b2 [+ r] )
 
 Layouts: x NHWC (n, h, w, c); w1 HWIO (3, 3, c / groups, k1); w2 (k1, k2); s1, b1 (k1,) and s2, b2 (k2,)
 float32; r and y NHWC (n, ho, wo, k2). groups > 1 makes the 3x3 grouped (MobileNet's depthwise:
-groups = c = k1; ResNeXt's: c / groups channels per group), as op.conv_spec defines it. Accumulation
+groups = c = k1; ResNeXt's: c / groups channels per group), as op.conv_spec defines it. dilation d > 1 spaces
+the 3x3's taps d pixels apart (DeepLabV3's atrous bottlenecks), padded by d so that the output keeps the
+3x3's size: tap (i, j) reads input pixel (oh * stride + (i - 1) * d, ow * stride + (j - 1) * d). Accumulation
 is float32; the intermediate is stored in `dtype`, as the fused GPU kernel keeps it in shared memory.
 """
 from __future__ import annotations
@@ -35,9 +37,10 @@ class FusedConvSpec:
     residual: bool = False
     dtype: str = "float16"
     groups: int = 1
+    dilation: int = 1
 
     def __post_init__(self):
-        for name in SIZE_FIELDS + ("stride", "groups"):
+        for name in SIZE_FIELDS + ("stride", "groups", "dilation"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
@@ -92,7 +95,7 @@ class FusedConvSpec:
     def parse(cls, text: str) -> "FusedConvSpec":
         """Parse 'n=1,h=56,w=56,c=64,k1=64,k2=64,stride=1,act1=relu,...' (fields not given keep
         their defaults; sizes are required)."""
-        return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups"), SIZE_FIELDS, "a spec field")
+        return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups", "dilation"), SIZE_FIELDS, "a spec field")
 
 
 UNWRITTEN_ONES = ("groups", "dilation")  # fields added later: left out while 1

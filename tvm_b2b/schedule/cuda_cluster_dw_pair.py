@@ -249,6 +249,8 @@ def spec_problem(spec: FusedConvSpec) -> str | None:
         return f"groups={spec.groups}, c={spec.c}, k1={spec.k1}: depthwise pairs only (groups = c = k1)"
     if spec.dtype != "float16":
         return f"dtype {spec.dtype} (float16 only)"
+    if spec.dilation != 1:  # its halo tile holds adjacent taps
+        return f"dilation {spec.dilation} (undilated pairs only)"
     if spec.act1 not in ACT_CODES or spec.act2 not in ACT_CODES:
         return f"activations {spec.act1}/{spec.act2}: {', '.join(ACT_CODES)} only"
     if not cluster_sizes(spec) or spec.k2 % MMA_N:
