@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from cuda_source import compiled_source, nvcc_arches, nvcc_compile
 from test_conv import torch_conv
-from tvm_b2b import FusedConvSpec, build
+from test_grouped import assert_pair
+from tvm_b2b import FusedConvSpec
 from tvm_b2b.op import compare, random_inputs, reference
 from tvm_b2b.op.compute import conv3x3_spec
 from tvm_b2b.op.fused_pair import as_single_convs
@@ -54,18 +55,10 @@ def test_dilation_is_in_the_spec_text_only_when_not_1():
         FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, dilation=0)
 
 
-def _assert_pair(spec, target, fused=True, seed=0):
-    inputs = random_inputs(spec, seed=seed)
-    kernel = build(spec, target, fused=fused, db=None)
-    assert len(kernel.func_names) == (1 if fused else 2)
-    err, ok = compare(spec, kernel(**inputs), reference(spec, **inputs))
-    assert ok, f"{spec.to_string()} on {target}: max abs error {err}"
-
-
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
 def test_cpu_dilated_pair_matches_reference(kind, fused):
-    _assert_pair(FusedConvSpec(**kind, dtype="float32"), "llvm", fused)
+    assert_pair(FusedConvSpec(**kind, dtype="float32"), "llvm", fused)
 
 
 def _dilated_pair(n, h, w, per_group, groups, k2, stride, dilation, residual, act1):
@@ -83,7 +76,7 @@ DILATED_PAIRS = st.builds(_dilated_pair, st.integers(1, 2), st.integers(2, 12), 
 @given(spec=DILATED_PAIRS)
 def test_cpu_dilated_pair_random_shapes(spec):
     """Dense (groups 1), grouped and depthwise (per_group 1) pairs dilated by 2 to 6, often beyond the image."""
-    _assert_pair(spec, "llvm", seed=1)
+    assert_pair(spec, "llvm", seed=1)
 
 
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
@@ -132,4 +125,4 @@ def test_cuda_dilated_pair_is_one_kernel_and_builds(index, arch, tmp_path):
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
 def test_cuda_dilated_pair_matches_reference(kind, fused):
-    _assert_pair(FusedConvSpec(**kind), "cuda", fused)
+    assert_pair(FusedConvSpec(**kind), "cuda", fused)

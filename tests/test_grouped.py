@@ -94,7 +94,7 @@ def test_groups_must_divide_the_channels():
     assert "groups" not in FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8).to_string()  # dense texts as before
 
 
-def _assert_pair(spec, target, fused=True, seed=0):
+def assert_pair(spec, target, fused=True, seed=0):
     inputs = random_inputs(spec, seed=seed)
     kernel = build(spec, target, fused=fused, db=None)
     assert len(kernel.func_names) == (1 if fused else 2)
@@ -112,7 +112,7 @@ def _assert_conv(spec, target, seed=0):
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
 def test_cpu_pair_matches_reference(kind, fused):
-    _assert_pair(FusedConvSpec(**kind, dtype="float32"), "llvm", fused)
+    assert_pair(FusedConvSpec(**kind, dtype="float32"), "llvm", fused)
 
 
 @pytest.mark.parametrize("kind", CONVS, ids=CONV_IDS)
@@ -135,7 +135,7 @@ PAIR_SHAPES = st.builds(_grouped_pair, st.integers(1, 2), st.integers(3, 12), st
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=PAIR_SHAPES)
 def test_cpu_pair_random_shapes(spec):
-    _assert_pair(spec, "llvm", seed=1)
+    assert_pair(spec, "llvm", seed=1)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -248,7 +248,7 @@ def test_grouped_conv_rule_by_channels_a_group(monkeypatch):
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
 def test_cuda_pair_matches_reference(kind, fused):
-    _assert_pair(FusedConvSpec(**kind), "cuda", fused)
+    assert_pair(FusedConvSpec(**kind), "cuda", fused)
 
 
 @pytest.mark.gpu
@@ -306,4 +306,4 @@ def test_cuda_grouped_conv_random_shapes(spec):
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=PAIR_SHAPES)
 def test_cuda_pair_random_shapes(spec):
-    _assert_pair(dataclasses.replace(spec, dtype="float16"), "cuda", seed=2)
+    assert_pair(dataclasses.replace(spec, dtype="float16"), "cuda", seed=2)
