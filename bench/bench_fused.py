@@ -110,7 +110,8 @@ def torch_unfused_us(spec: FusedConvSpec, inputs) -> float | None:
     acts = {"relu": torch.relu, "relu6": lambda v: torch.clamp(v, 0, 6), "none": lambda v: v}
 
     def run():
-        mid = acts[spec.act1](F.conv2d(x, w1, padding=1, stride=spec.stride, groups=spec.groups) * s1 + b1)
+        d = spec.dilation  # padded by it: the output keeps the 3x3's size
+        mid = acts[spec.act1](F.conv2d(x, w1, padding=d, stride=spec.stride, groups=spec.groups, dilation=d) * s1 + b1)
         out = F.conv2d(mid, w2) * s2 + b2
         return acts[spec.act2](out + r if r is not None else out)
 
@@ -203,7 +204,7 @@ def main() -> int:
         singles_us = single_convs_us(spec, inputs, args.target) if spec.groups > 1 or args.singles else None
         torch_us = torch_unfused_us(spec, inputs)
         roof_us = max(spec.flops / peak_flops, min_bytes(spec) / peak_bw) * 1e6 if peak_flops else None
-        groups = f" g={spec.groups}" if spec.groups > 1 else ""
+        groups = (f" g={spec.groups}" if spec.groups > 1 else "") + (f" d={spec.dilation}" if spec.dilation > 1 else "")
         name = f"n={spec.n} {spec.h}x{spec.w}/{spec.stride} {spec.c}->{spec.k1}->{spec.k2}{groups}{' +r' if spec.residual else ''}"
         for label in configs:
             with config_env(label) as plain:  # "VAR=VALUE:config": this config built and run with VAR=VALUE
