@@ -55,6 +55,15 @@ class Graph:
         return self._node("Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], pads=[p] * 4, group=groups,
                           dilations=[dilation, dilation])
 
+    def pad(self, x: str, top: int, left: int, bottom: int, right: int, mode: str = "constant") -> str:
+        """ONNX Pad (opset 11+: pads as an input) of the spatial axes, as Keras' ZeroPadding2D exports."""
+        return self._node("Pad", [x, self._ints([0, 0, top, left, 0, 0, bottom, right])], mode=mode)
+
+    def conv_auto_pad(self, x: str, cin: int, cout: int, k: int, stride: int, auto_pad: str) -> str:
+        """A Conv whose padding is auto_pad (SAME_UPPER: TensorFlow's "same", the odd row below), no pads given."""
+        w = self._const(self.rng.standard_normal((cout, cin, k, k)) * (cin * k * k) ** -0.5)
+        return self._node("Conv", [x, w], kernel_shape=[k, k], strides=[stride, stride], auto_pad=auto_pad)
+
     def bn(self, x: str, c: int) -> str:
         r = self.rng
         args = [r.uniform(0.5, 1.5, c), r.standard_normal(c) * 0.1, r.standard_normal(c) * 0.1, r.uniform(0.5, 1.5, c)]
@@ -192,6 +201,16 @@ def atrous(g: Graph):  # DeepLabV3's atrous backbone and ASPP head: dilated dens
     return g.conv(y, 16, 8, 3, stride=2, dilation=2)
 
 
+def tf_same(g: Graph):  # TensorFlow's "same" padding of strided convs, as Keras models export it: each conv pads itself
+    x = g.relu(g.conv(g.pad("x", 0, 0, 1, 1), 3, 16, 3, stride=2, pad=0))  # ZeroPadding2D -> a stem of 3 channels
+    x = g.relu6(g.conv(g.pad(x, 0, 0, 1, 1), 16, 16, 3, stride=2, groups=16, pad=0))  # -> depthwise: its pair refuses
+    x = g.conv(x, 16, 24, 1)
+    x = g.relu(g.conv_auto_pad(x, 24, 24, 3, 2, "SAME_UPPER"))  # 8x7: pads [0, 1, 1, 1]
+    x = g.conv_auto_pad(x, 24, 16, 3, 1, "SAME_LOWER")
+    x = g.conv(g.pad(x, 1, 1, 1, 1, mode="reflect"), 16, 16, 3, pad=0)  # not zeros: stays a Pad
+    return g.conv(g.pad(x, 2, 2, 2, 2), 16, 8, 3)  # with the conv's own 1, wider than the kernel: stays a Pad
+
+
 def sigmoid_between(g: Graph):  # negative: an activation the kernel does not have
     return g.conv(g.sigmoid(g.conv("x", 16, 32, 3)), 32, 16, 1)
 
@@ -261,6 +280,7 @@ MODELS = {
     "dilated": (dilated, (1, 16, 8, 8), 1, 0),
     "atrous": (atrous, (1, 16, 13, 12), 1, 0),
     "atrous_pairs": (atrous_pairs, (2, 16, 13, 12), 2, 2),
+    "tf_same": (tf_same, (2, 3, 32, 30), 1, 0),
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
     "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),

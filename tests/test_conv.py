@@ -29,6 +29,11 @@ KINDS = [
     dict(n=2, h=17, w=15, c=16, k=24, kh=3, kw=3, pad_h=2, pad_w=2, dilation=2),  # DeepLabV3's atrous 3x3
     dict(n=1, h=19, w=20, c=8, k=16, kh=3, kw=3, stride=2, pad_h=3, pad_w=1, dilation=3, act="none", residual=True),
     dict(n=1, h=13, w=12, c=24, k=24, kh=3, kw=3, pad_h=4, pad_w=4, dilation=4, groups=24, act="relu6"),  # depthwise
+    # TensorFlow's "same" padding of strided convs as tf2onnx writes it: the extra row and column below and right
+    dict(n=2, h=32, w=30, c=3, k=32, kh=3, kw=3, stride=2, pad_bottom=1, pad_right=1),  # EfficientNet's stem
+    dict(n=1, h=14, w=14, c=32, k=64, kh=3, kw=3, stride=2, pad_bottom=1, pad_right=1, residual=True, act="none"),
+    dict(n=1, h=16, w=15, c=40, k=40, kh=5, kw=5, stride=2, pad_h=1, pad_w=2, pad_bottom=2, groups=40),  # depthwise 5x5
+    dict(n=1, h=9, w=8, c=16, k=24, kh=3, kw=3, pad_h=1, pad_w=1, pad_bottom=0, pad_right=2),  # less below than above
 ]
 IDS = [ConvSpec(**k).to_string() for k in KINDS]
 
@@ -38,7 +43,9 @@ def torch_conv(spec, x, w, s, b, residual=None):
 
     xt = torch.from_numpy(x.astype(np.float64)).permute(0, 3, 1, 2)
     wt = torch.from_numpy(w.astype(np.float64)).permute(3, 2, 0, 1)
-    y = torch.nn.functional.conv2d(xt, wt, stride=spec.stride, padding=(spec.pad_h, spec.pad_w), dilation=spec.dilation,
+    top, left, bottom, right = spec.pads
+    xt = torch.nn.functional.pad(xt, (left, right, top, bottom))
+    y = torch.nn.functional.conv2d(xt, wt, stride=spec.stride, dilation=spec.dilation,
                                    groups=spec.groups).permute(0, 2, 3, 1).numpy()
     y = y * s + b + (residual.astype(np.float64) if residual is not None else 0)
     return {"relu": np.maximum(y, 0), "relu6": np.clip(y, 0, 6), "none": y}[spec.act]
@@ -61,15 +68,23 @@ def test_spec_text_round_trip_and_errors():
     atrous = ConvSpec.parse("n=1,h=9,w=9,c=4,k=4,kh=3,kw=3,pad_h=4,pad_w=2,dilation=4")
     assert (atrous.span_h, atrous.ho, atrous.wo) == (9, 9, 5) and "dilation=4" in atrous.to_string()
     assert "dilation" not in spec.to_string()  # left out at 1: the text (and tuning records' specs) of before
+    same = ConvSpec.parse("n=1,h=224,w=224,c=3,k=32,kh=3,kw=3,stride=2,pad_bottom=1,pad_right=1")  # TensorFlow's "same"
+    assert same.pads == (0, 0, 1, 1) and (same.ho, same.wo) == (112, 112) and not same.symmetric
+    assert ConvSpec.parse(same.to_string()) == same and "pad_bottom=1,pad_right=1" in same.to_string()
+    assert ConvSpec(n=1, h=8, w=8, c=4, k=4, kh=3, kw=3, pad_h=1, pad_bottom=1) == ConvSpec(n=1, h=8, w=8, c=4, k=4, kh=3,
+                                                                                           kw=3, pad_h=1, pad_w=0)
+    assert "pad_bottom" not in ConvSpec(n=1, h=8, w=8, c=4, k=4, kh=3, kw=3, pad_h=1, pad_bottom=1).to_string()
     for text, message in [("n=1,h=8,w=8,c=4", "k: missing"), ("n=1,h=8,w=8,c=4,k=4,kh=0", "kh: expected an integer >= 1"),
-                          ("n=1,h=8,w=8,c=4,k=4,pad_h=1", "pad: (1, 0) must be smaller"),
+                          ("n=1,h=8,w=8,c=4,k=4,pad_h=1", "pad: \\[1, 0, 1, 0\\] (top, left, bottom, right) must be smaller"),
                           ("n=1,h=2,w=2,c=4,k=4,kh=5,kw=5,pad_h=1,pad_w=1", "larger than the padded"),
                           ("n=1,h=8,w=8,c=4,k=4,act=gelu", "act: expected one of"),
                           ("n=1,h=8,w=8,c=4,k=6,groups=4", "groups: 4 must divide the input channels (4) and the output channels (6)"),
                           ("n=1,h=8,w=8,c=4,k=4,dilation=0", "dilation: expected an integer >= 1"),
                           ("n=1,h=8,w=8,c=4,k=4,kh=3,kw=3,pad_h=5,pad_w=1,dilation=2",
-                           "pad: (5, 1) must be smaller than the kernel (5, 5)"),
+                           "pad: \\[5, 1, 5, 1\\] (top, left, bottom, right) must be smaller than the kernel (5, 5)"),
                           ("n=1,h=3,w=3,c=4,k=4,kh=3,kw=3,dilation=2", "kernel: 5x5 is larger than the padded 3x3 input"),
+                          ("n=1,h=8,w=8,c=4,k=4,kh=3,kw=3,pad_bottom=3", "pad: \\[0, 0, 3, 0\\] (top, left, bottom, right)"),
+                          ("n=1,h=8,w=8,c=4,k=4,pad_right=-1", "pad_right: expected an integer >= 0"),
                           ("n=1,h=8,w=8,c=4,k=4,rate=2", "rate: not a conv spec field")]:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             ConvSpec.parse(text)
@@ -103,6 +118,24 @@ def test_cpu_conv_random_shapes(spec):
     _assert_computes_op(spec, "llvm", seed=1)
 
 
+ASYMMETRIC_SHAPES = st.builds(
+    lambda n, h, w, groups, per_group, size, stride, pads, act, residual: ConvSpec(
+        n=n, h=h, w=w, c=groups * per_group, k=groups * 2, kh=size, kw=size, stride=stride,
+        **{name: min(p, size - 1) for name, p in zip(("pad_h", "pad_w", "pad_bottom", "pad_right"), pads)},
+        act=act, residual=residual, groups=groups, dtype="float32"),
+    st.integers(1, 2), st.integers(5, 12), st.integers(5, 12), st.sampled_from([1, 3]), st.integers(1, 9),
+    st.sampled_from([2, 3, 5]), st.sampled_from([1, 2]), st.tuples(*[st.integers(0, 3)] * 4),
+    st.sampled_from(["relu", "relu6", "none"]), st.booleans())
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=ASYMMETRIC_SHAPES)
+def test_cpu_asymmetric_conv_random_shapes(spec):
+    """Convs padded differently on each side (dense and grouped, stride 1 and 2) against the reference, which
+    test_reference_matches_torch checks against PyTorch's conv of the padded input."""
+    _assert_computes_op(spec, "llvm", seed=5)
+
+
 DILATED_SHAPES = st.builds(
     lambda n, h, w, groups, per_group, multiplier, stride, dilation, pad, act, residual: ConvSpec(
         n=n, h=h, w=w, c=groups * per_group, k=groups * multiplier, kh=3, kw=3, stride=stride, pad_h=min(pad, 2 * dilation),
@@ -121,11 +154,11 @@ def test_cpu_dilated_conv_random_shapes(spec):
 
 
 STRIDED_FEW_CHANNELS = st.builds(
-    lambda n, h, w, c, k, kh, kw, stride, pad: ConvSpec(
+    lambda n, h, w, c, k, kh, kw, stride, pad, extra: ConvSpec(
         n=n, h=h, w=w, c=c, k=k, kh=kh, kw=kw, stride=stride, pad_h=min(pad, kh - 1), pad_w=min(pad, kw - 1),
-        act="none", dtype="float32"),
+        pad_bottom=min(pad + extra, kh - 1), pad_right=min(pad + extra, kw - 1), act="none", dtype="float32"),
     st.integers(1, 2), st.integers(7, 14), st.integers(7, 14), st.integers(1, 7), st.integers(1, 9),
-    st.integers(1, 7), st.integers(1, 7), st.sampled_from([2, 3]), st.integers(0, 3))
+    st.integers(1, 7), st.integers(1, 7), st.sampled_from([2, 3]), st.integers(0, 3), st.sampled_from([0, 0, 1]))
 
 
 @settings(max_examples=25, deadline=None)
@@ -148,7 +181,9 @@ def test_space_to_depth_form_computes_the_same_conv(spec, extra):
 
 
 @pytest.mark.parametrize("shape", [dict(h=64, w=64, c=3, kh=7, kw=7, stride=2, pad_h=3, pad_w=3),
-                                   dict(h=10, w=11, c=2, kh=2, kw=4, stride=3, pad_h=0, pad_w=1)], ids=["stem", "cut"])
+                                   dict(h=10, w=11, c=2, kh=2, kw=4, stride=3, pad_h=0, pad_w=1),
+                                   dict(h=32, w=30, c=3, kh=3, kw=3, stride=2, pad_bottom=1, pad_right=1)],
+                         ids=["stem", "cut", "tf-same"])
 def test_space_to_depth_in_relax_matches_numpy(shape):
     """The Relax ops a model gets for the form (op.conv_pattern.input_in_form; the second case cuts
     rows and columns no output reads) give InputForm.x's array, built and run for the CPU."""
@@ -220,6 +255,35 @@ def test_cuda_dilated_conv_runs_on_the_tensor_core_template(arch, tmp_path):
     source = compiled_source(planned.kernels, target)
     assert len(kernels(source)) == len(planned.kernels) and "mma.sync.aligned.m16n8k16" in source
     nvcc_compile(source, arch, tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("kind", KINDS[10:12], ids=["stem", "3x3-stride2"])
+def test_cuda_asymmetric_padding_builds(kind, arch, tmp_path):
+    """TensorFlow's "same" padding (one more row and column below and right): the stem as its space-to-depth conv, the
+    3x3 on the mma.sync template (sm_90's TMA + wgmma kernel refuses asymmetric padding with its reason); nvcc
+    compiles both."""
+    from tvm_b2b.schedule import cuda_hopper_conv
+
+    spec = ConvSpec(**kind, dtype="float16")
+    assert cuda_hopper_conv.spec_problem(spec) == "padding [0, 0, 1, 1] (top, left, bottom, right): symmetric padding only"
+    target = parse_target(f"cuda:{arch}")
+    planned = plan(spec, target)
+    assert (planned.input_form is not None and planned.input_form.cells) == (spec.c < 8)
+    source = compiled_source(planned.kernels, target)
+    assert len(kernels(source)) == len(planned.kernels) and "mma.sync.aligned.m16n8k16" in source
+    if arch not in nvcc_arches():
+        pytest.skip(f"nvcc here has no {arch}")
+    nvcc_compile(source, arch, tmp_path)
+
+
+@pytest.mark.gpu
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=ASYMMETRIC_SHAPES)
+def test_cuda_asymmetric_conv_random_shapes(spec):
+    import dataclasses
+
+    _assert_computes_op(dataclasses.replace(spec, dtype="float16"), "cuda", seed=8)
 
 
 def test_cuda_conv_takes_float16_only():

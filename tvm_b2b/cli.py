@@ -345,7 +345,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "act1=relu, act2=relu (relu, relu6, none), residual=0 (or 1), dtype=float16 (bfloat16, float32), "
                     "groups=1, dilation=1 (the 3x3's; padded by it); "
                     'e.g. "n=1,h=56,w=56,c=64,k1=64,k2=64". A single conv: n, h, w, c, k required; optional kh=1, kw=1, '
-                    'stride=1, pad_h=0, pad_w=0, groups=1, dilation=1, act=relu, residual=0, dtype=float16; '
+                    'stride=1, pad_h=0, pad_w=0 (top, left), pad_bottom, pad_right (default: as top, left), groups=1, dilation=1, '
+                    'act=relu, residual=0, dtype=float16; '
                     'e.g. "n=1,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3"')
     op.add_argument("--target", default="llvm", help="llvm, cuda (the local GPU), cuda:sm_XX, TVM's 'cuda -arch=sm_XX' or "
                     "'llvm -mcpu=native', or a target JSON")

@@ -1,5 +1,6 @@
 """ONNX -> Relax, normalized for pair matching: NHWC convolutions with OHWI constant weights,
-BatchNormalization decomposed into per-channel affine ops on constants, Clip as max/min."""
+BatchNormalization decomposed into per-channel affine ops on constants, Clip as max/min; before the import,
+static shape arithmetic folded (static_shapes) and zero padding moved into the convs that read it (conv_pads)."""
 from __future__ import annotations
 
 import os
@@ -111,10 +112,11 @@ def import_model(model) -> tvm.IRModule:
     """Relax module of an ONNX model, normalized (see module docstring)."""
     from tvm.relax.frontend.onnx import from_onnx
 
+    from .conv_pads import conv_pads_inlined
     from .static_shapes import fold_static_shapes
 
     try:
-        mod = from_onnx(fold_static_shapes(model), keep_params_in_input=False)
+        mod = from_onnx(conv_pads_inlined(fold_static_shapes(model)), keep_params_in_input=False)
     except Exception as err:  # noqa: BLE001 - the importer raises many types for unsupported ops
         first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ModelError(f"cannot import the model: {first}") from None

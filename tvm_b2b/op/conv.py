@@ -65,7 +65,8 @@ def space_to_depth(spec: ConvSpec) -> ConvSpec:
     147 gathered pixel by pixel (InputForm makes x and w)."""
     kh, kw, rows, cols = cell_grid(spec)
     s = spec.stride
-    return dataclasses.replace(spec, h=rows, w=cols, c=spec.c * s * s, kh=kh, kw=kw, stride=1, pad_h=0, pad_w=0)
+    return dataclasses.replace(spec, h=rows, w=cols, c=spec.c * s * s, kh=kh, kw=kw, stride=1, pad_h=0, pad_w=0,
+                               pad_bottom=None, pad_right=None)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def direct_conv(spec: ConvSpec, x, w, name: str = "conv"):
     the direct form (the CPU schedules', the grouped convs' on CUDA cores; the fused pair's 3x3 too)."""
     ph, pw, st = spec.pad_h, spec.pad_w, spec.stride
     pad = te.compute(
-        (spec.n, spec.h + 2 * ph, spec.w + 2 * pw, spec.c),
+        (spec.n, spec.h + ph + spec.bottom_pad, spec.w + pw + spec.right_pad, spec.c),
         lambda n, h, w_, c: guard(tirx.all(h >= ph, h < spec.h + ph, w_ >= pw, w_ < spec.w + pw),
                                    x[n, h - ph, w_ - pw, c], spec.dtype),
         name="pad",
@@ -319,7 +320,7 @@ def padded_conv_extents(spec: ConvSpec, m_unit: int, r_unit: int, k_unit: int) -
 def conv_reference(spec: ConvSpec, x, w, s, b, residual=None) -> np.ndarray:
     """y (n, ho, wo, k) in spec.dtype; float32 math."""
     f32 = np.float32
-    acc = conv_nhwc(x, w, spec.stride, (spec.pad_h, spec.pad_w), spec.groups, spec.dilation)
+    acc = conv_nhwc(x, w, spec.stride, spec.pads, spec.groups, spec.dilation)
     pre = acc * s.astype(f32) + b.astype(f32)
     if spec.residual:
         pre = pre + residual.astype(f32)

@@ -88,9 +88,7 @@ def conv_problems(call) -> list[str]:
         problems.append(f"dilation {dilation} differs by axis")
     if relax_const(call.args[1]) is None:
         problems.append("weight is not a constant")
-    top, left, bottom, right = (int(p) for p in a.padding)
-    if (top, left) != (bottom, right):
-        problems.append(f"asymmetric padding {[top, left, bottom, right]}")
+    pads = [int(p) for p in a.padding]
     strides = [int(s) for s in a.strides]
     if strides[0] != strides[1]:
         problems.append(f"strides {strides} differ")
@@ -100,8 +98,8 @@ def conv_problems(call) -> list[str]:
     if not problems:
         _, kh, kw, _ = weight_shape(call)
         span_h, span_w = dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1
-        if top >= span_h or left >= span_w:
-            problems.append(f"padding {[top, left]} not smaller than the {span_h}x{span_w} kernel")
+        if max(pads[0], pads[2]) >= span_h or max(pads[1], pads[3]) >= span_w:
+            problems.append(f"padding {pads} not smaller than the {span_h}x{span_w} kernel")
     return problems
 
 
@@ -150,10 +148,11 @@ def _match(graph: Graph, var, name: str) -> ConvCandidate:
     scale, bias, last = affine_forward(graph, var, k)
     residual, act, last = epilogue(graph, last, shape_of(call))
     n, h, w, c = shape_of(call.args[0])
-    top, left = (int(p) for p in call.attrs.padding[:2])
+    top, left, bottom, right = (int(p) for p in call.attrs.padding)
     candidate.spec = ConvSpec(n=n, h=h, w=w, c=c, k=k, kh=kh, kw=kw, stride=int(call.attrs.strides[0]), pad_h=top,
                               pad_w=left, act=act, residual=residual is not None, dtype=dtype_of(call),
-                              groups=int(call.attrs.groups), dilation=int(call.attrs.dilation[0]))
+                              groups=int(call.attrs.groups), dilation=int(call.attrs.dilation[0]), pad_bottom=bottom,
+                              pad_right=right)
     weight = relax_const(call.args[1]).astype(np.float32).transpose(1, 2, 3, 0)  # OHWI -> HWIO
     candidate.params = {"w": np.ascontiguousarray(weight), "s": scale, "b": bias}
     candidate.x, candidate.residual, candidate.last, candidate.fused = call.args[0], residual, last, True

@@ -6,7 +6,10 @@ y = act( conv(x, w, kh x kw, stride, pad, dilation) * s + b [+ r] )
 Layouts: x NHWC (n, h, w, c); w HWIO (kh, kw, c / groups, k); s, b (k,) float32; r and y NHWC (n, ho, wo, k).
 With groups g, output channel j reads the c / g input channels of its group j // (k / g) (depthwise: g = c).
 With dilation d, tap (i, j) reads input pixel (oh * stride + i * d - pad_h, ow * stride + j * d - pad_w)
-(DeepLabV3's and FCN's atrous convs): the kernel spans d * (kh - 1) + 1 rows. Accumulation is float32.
+(DeepLabV3's and FCN's atrous convs): the kernel spans d * (kh - 1) + 1 rows. pad_h and pad_w pad the top and
+left; pad_bottom and pad_right, where given, the bottom and right (TensorFlow's "same" padding of a strided conv,
+as tf2onnx exports it: one more row below than above, or none above); None: as the top and left.
+Accumulation is float32.
 The op's TE definition and numpy reference are in op/conv.py.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .spec import check_groups, check_options, parse_fields, spec_text
 OP_KIND = "conv2d"
 SIZE_FIELDS = ("n", "h", "w", "c", "k")
 SHAPE_FIELDS = ("kh", "kw", "stride", "pad_h", "pad_w", "groups", "dilation")  # defaulted: a dense 1x1 stride-1 conv
+SIDE_PADS = ("pad_bottom", "pad_right")  # None: as pad_h and pad_w
 
 
 @dataclass(frozen=True)
@@ -37,15 +41,23 @@ class ConvSpec:
     dtype: str = "float16"
     groups: int = 1
     dilation: int = 1
+    pad_bottom: int | None = None
+    pad_right: int | None = None
 
     def __post_init__(self):
-        for name in SIZE_FIELDS + SHAPE_FIELDS:
+        for name in SIZE_FIELDS + SHAPE_FIELDS + SIDE_PADS:
             value = getattr(self, name)
             least = 0 if name.startswith("pad") else 1
+            if value is None and name in SIDE_PADS:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
-        if self.pad_h >= self.span_h or self.pad_w >= self.span_w:
-            raise ValueError(f"pad: ({self.pad_h}, {self.pad_w}) must be smaller than the kernel ({self.span_h}, {self.span_w})")
+        for side, same in zip(SIDE_PADS, ("pad_h", "pad_w")):
+            if getattr(self, side) == getattr(self, same):  # one spelling of a symmetric conv (its text, its records)
+                object.__setattr__(self, side, None)
+        if max(self.pad_h, self.bottom_pad) >= self.span_h or max(self.pad_w, self.right_pad) >= self.span_w:
+            raise ValueError(f"pad: {list(self.pads)} (top, left, bottom, right) must be smaller than the kernel "
+                             f"({self.span_h}, {self.span_w})")
         if self.ho < 1 or self.wo < 1:
             raise ValueError(f"kernel: {self.span_h}x{self.span_w} is larger than the padded {self.h}x{self.w} input")
         check_groups(self, self.k)
@@ -61,12 +73,29 @@ class ConvSpec:
         return self.dilation * (self.kw - 1) + 1
 
     @property
+    def bottom_pad(self) -> int:
+        return self.pad_h if self.pad_bottom is None else self.pad_bottom
+
+    @property
+    def right_pad(self) -> int:
+        return self.pad_w if self.pad_right is None else self.pad_right
+
+    @property
+    def pads(self) -> tuple[int, int, int, int]:
+        """(top, left, bottom, right), as ONNX and Relax order them."""
+        return self.pad_h, self.pad_w, self.bottom_pad, self.right_pad
+
+    @property
+    def symmetric(self) -> bool:
+        return self.pad_bottom is None and self.pad_right is None
+
+    @property
     def ho(self) -> int:
-        return (self.h + 2 * self.pad_h - self.span_h) // self.stride + 1
+        return (self.h + self.pad_h + self.bottom_pad - self.span_h) // self.stride + 1
 
     @property
     def wo(self) -> int:
-        return (self.w + 2 * self.pad_w - self.span_w) // self.stride + 1
+        return (self.w + self.pad_w + self.right_pad - self.span_w) // self.stride + 1
 
     @property
     def m(self) -> int:
@@ -104,6 +133,6 @@ class ConvSpec:
     @classmethod
     def parse(cls, text: str) -> "ConvSpec":
         """'n=1,h=56,w=56,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1,...' (sizes required, the rest defaulted)."""
-        return parse_fields(cls, text, SIZE_FIELDS + SHAPE_FIELDS, SIZE_FIELDS, "a conv spec field")
+        return parse_fields(cls, text, SIZE_FIELDS + SHAPE_FIELDS + SIDE_PADS, SIZE_FIELDS, "a conv spec field")
 
 

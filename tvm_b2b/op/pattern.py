@@ -128,7 +128,7 @@ def _conv_problem(call, kernel: int) -> str | None:
         if dilation[0] != dilation[1]:
             return f"3x3 conv dilation {dilation} differs by axis"
         if pad != [dilation[0]] * 4:  # the pair's 3x3 keeps its input's size (strided: ceil(h / stride))
-            return f"3x3 conv padding {pad} (needs {dilation[0]}: its dilation)"
+            return f"3x3 conv padding {pad} (needs {dilation[0]} on each side: its dilation)"
         if strides[0] != strides[1] or strides[0] not in (1, 2):
             return f"3x3 conv stride {strides} (needs 1 or 2)"
     elif pad != [0, 0, 0, 0] or strides != [1, 1]:

@@ -98,16 +98,17 @@ class FusedConvSpec:
         return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups", "dilation"), SIZE_FIELDS, "a spec field")
 
 
-UNWRITTEN_ONES = ("groups", "dilation")  # fields added later: left out while 1
+# fields added later, left out of a spec's text while at these defaults
+UNWRITTEN_DEFAULTS = {"groups": 1, "dilation": 1, "pad_bottom": None, "pad_right": None}
 
 
 def spec_text(spec) -> str:
-    """'field=value,...' of a spec dataclass, groups and dilation left out while 1 (a dense undilated conv's
-    text, and so its tuning-database spec lists, read as they did before either existed)."""
+    """'field=value,...' of a spec dataclass, the fields added later left out at their defaults (a dense undilated
+    conv's text, and so its tuning-database spec lists, read as they did before any existed)."""
     parts = []
     for field in dataclasses.fields(spec):
         value = getattr(spec, field.name)
-        if field.name not in UNWRITTEN_ONES or value != 1:
+        if field.name not in UNWRITTEN_DEFAULTS or value != UNWRITTEN_DEFAULTS[field.name]:
             parts.append(f"{field.name}={int(value) if isinstance(value, bool) else value}")
     return ",".join(parts)
 
