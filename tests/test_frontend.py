@@ -22,6 +22,7 @@ from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
 from tvm_b2b.frontend.rewrite import pairs_of
 from tvm_b2b.frontend.static_shapes import fold_static_shapes
+from tvm_b2b.schedule import cuda_cluster_dw_pair
 from tvm_b2b.target import has_cuda_gpu, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,7 +76,7 @@ def test_activations_and_residual_are_folded_into_the_spec(model_dir):
 @pytest.mark.parametrize("name, reason", [("two_consumers", "another consumer"), ("grouped_1x1", "grouped 1x1 conv (groups=2)"),
                                           ("sigmoid_between", "unsupported op between the convolutions: sigmoid"),
                                           ("grouped_sigmoid", "unsupported op between the convolutions: sigmoid"),
-                                          ("dilated", "3x3 conv padding [1, 1, 1, 1] (needs 2 on each side: its dilation)")])
+                                          ("dilated", "3x3 conv padding [1, 1, 1, 1]: not the same size")])
 def test_report_reasons(model_dir, name, reason, capsys):
     assert main(["report", str(model_dir / f"{name}.onnx"), "--json"]) == 0
     pairs = json.loads(capsys.readouterr().out)["pairs"]
@@ -392,9 +393,10 @@ def test_dilated_convs_run_on_our_kernels_for_cuda(model_dir, capsys):
 
 def test_zero_padding_moves_into_the_convs(model_dir, capsys):
     """TensorFlow's "same" padding as Keras models export it (ZeroPadding2D -> Conv, Conv auto_pad SAME_UPPER and
-    SAME_LOWER): each conv pads itself, one more row or column below and right where TensorFlow puts it, and runs on
-    our kernels for sm_90 (none on TVM's own schedule); a reflect Pad and one too wide to fold stay Pads; the depthwise
-    pair with asymmetric padding says why it does not fuse. (test_model_matches_onnxruntime runs it on the CPU.)"""
+    SAME_LOWER): each conv pads itself, the extra row and column below and right where TensorFlow puts them, and runs on
+    our kernels for sm_90 (none on TVM's own schedule), the depthwise pair so padded fused (the grouped pair template:
+    sm_90's cluster kernel pads 1 on each side only); a reflect Pad and one too wide to fold stay Pads.
+    (test_model_matches_onnxruntime runs the model on the CPU.)"""
     from tvm import relax
 
     path = str(model_dir / "tf_same.onnx")
@@ -402,13 +404,14 @@ def test_zero_padding_moves_into_the_convs(model_dir, capsys):
     calls = [b.value for block in mod["main"].body.blocks for b in block.bindings if isinstance(b.value, relax.Call)]
     pads = [c.args[0].name_hint for c in calls if getattr(c.op, "name", "") == "relax.call_tir" and "pad" in c.args[0].name_hint]
     assert pads == ["mirror_pad", "pad"]  # the importer's, of the two Pads left
+    (pair,) = pairs_of(candidates)
+    assert pair.fused and pair.spec.pads == (0, 0, 1, 1) and pair.spec.stride == 2 and len(pair.plan.kernels) == 1
+    assert "3x3 padding [0, 0, 1, 1]" in cuda_cluster_dw_pair.spec_problem(pair.spec)
     assert main(["report", path, "--target", "cuda:sm_90", "--dtype", "float16", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    specs = [ConvSpec.parse(c["reason"].split(": ", 1)[1].split(" (")[0].split(" [")[0]) for c in report["convs"]]
-    assert [s.pads for s in specs] == [(0, 0, 1, 1), (0, 0, 1, 1), (0, 0, 0, 0), (0, 1, 1, 1), (1, 1, 1, 1), (0, 0, 0, 0),
-                                       (1, 1, 1, 1)]
-    assert [c["kernel"] for c in report["convs"]] == ["tensorcore", "cuda-core"] + ["tensorcore"] * 5
-    assert report["pairs"][0]["reason"] == "3x3 conv padding [0, 0, 1, 1] (needs 1 on each side: its dilation)"
+    convs = [c for c in json.loads(capsys.readouterr().out)["convs"] if c["kernel"] != "fused-pair"]
+    specs = [ConvSpec.parse(c["reason"].split(": ", 1)[1].split(" (")[0].split(" [")[0]) for c in convs]
+    assert [s.pads for s in specs] == [(0, 0, 1, 1), (0, 0, 1, 1), (1, 1, 1, 1), (0, 0, 0, 0), (1, 1, 1, 1)]
+    assert [c["kernel"] for c in convs] == ["tensorcore"] * 5
 
 
 def test_dilated_pairs_fuse_for_cuda(model_dir, capsys):

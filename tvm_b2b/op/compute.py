@@ -67,10 +67,11 @@ class PairForm:
 
 
 def conv3x3_spec(spec: FusedConvSpec) -> ConvSpec:
-    """The pair's 3x3 as a single conv (op kind conv2d) with s1/b1/act1, padded by its dilation."""
-    d = spec.dilation
-    return ConvSpec(n=spec.n, h=spec.h, w=spec.w, c=spec.c, k=spec.k1, kh=3, kw=3, stride=spec.stride, pad_h=d, pad_w=d,
-                    act=spec.act1, dtype=spec.dtype, groups=spec.groups, dilation=d)
+    """The pair's 3x3 as a single conv (op kind conv2d) with s1/b1/act1, padded as the pair pads it."""
+    top, left, bottom, right = spec.pads
+    return ConvSpec(n=spec.n, h=spec.h, w=spec.w, c=spec.c, k=spec.k1, kh=3, kw=3, stride=spec.stride, pad_h=top,
+                    pad_w=left, act=spec.act1, dtype=spec.dtype, groups=spec.groups, dilation=spec.dilation,
+                    pad_bottom=bottom, pad_right=right)
 
 
 def stage1_tensors(spec: FusedConvSpec, ext: dict[str, int] | None = None):
@@ -143,8 +144,9 @@ def _gemm_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
 
     def im2col_at(m, r):
         n, oh, ow = pixel(spec, m)
-        ih = oh * s + dilated(spec, r // (3 * c)) - spec.dilation  # tap row (r // 3c - 1) * dilation
-        iw = ow * s + dilated(spec, r // c % 3) - spec.dilation
+        top, left = spec.pads[:2]
+        ih = oh * s + dilated(spec, r // (3 * c)) - top  # tap row r // 3c, dilated, less the top padding
+        iw = ow * s + dilated(spec, r // c % 3) - left
         inside = tirx.all(m < spec.m, r < 9 * c, ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
         return guard(inside, x[n, ih, iw, r % c], dt)
 
@@ -178,7 +180,8 @@ def _grouped_stage1(spec: FusedConvSpec, ext: dict[str, int], x, w1, s1, b1):
 
     def xcol_at(m, th, tw, rc, k):
         n, oh, ow = pixel(spec, m)
-        ih, iw = oh * s + dilated(spec, th) - spec.dilation, ow * s + dilated(spec, tw) - spec.dilation
+        top, left = spec.pads[:2]
+        ih, iw = oh * s + dilated(spec, th) - top, ow * s + dilated(spec, tw) - left
         inside = tirx.all(real(m, k), ih >= 0, ih < spec.h, iw >= 0, iw < spec.w)
         return guard(inside, x[n, ih, iw, group_channel(k, rc, spec.groups, spec.c, spec.k1)], dt)
 

@@ -127,10 +127,12 @@ def _conv_problem(call, kernel: int) -> str | None:
     if kernel == 3:
         if dilation[0] != dilation[1]:
             return f"3x3 conv dilation {dilation} differs by axis"
-        if pad != [dilation[0]] * 4:  # the pair's 3x3 keeps its input's size (strided: ceil(h / stride))
-            return f"3x3 conv padding {pad} (needs {dilation[0]} on each side: its dilation)"
         if strides[0] != strides[1] or strides[0] not in (1, 2):
             return f"3x3 conv stride {strides} (needs 1 or 2)"
+        n, h, w, _ = shape_of(call.args[0])
+        if shape_of(call)[1:3] != (-(-h // strides[0]), -(-w // strides[0])) or max(pad) > 2 * dilation[0]:
+            # the pair's 3x3 keeps its input's size (strided: ceil(h / stride)), as "same" padding does
+            return f"3x3 conv padding {pad}: not the same size (strided: ceil(size / stride)) as the pair's"
     elif pad != [0, 0, 0, 0] or strides != [1, 1]:
         return "1x1 conv with padding or stride"
     return None
@@ -285,7 +287,8 @@ def _match(graph: Graph, var2, conv2, names: dict) -> Pair | None:
     n, h, w, c = shape_of(conv1.args[0])
     pair.spec = FusedConvSpec(n=n, h=h, w=w, c=c, k1=k1, k2=k2, stride=int(conv1.attrs.strides[0]), act1=act1 or "none",
                               act2=act2, residual=residual is not None, dtype=dtype, groups=int(conv1.attrs.groups),
-                              dilation=int(conv1.attrs.dilation[0]))
+                              dilation=int(conv1.attrs.dilation[0]), pad_h=int(conv1.attrs.padding[0]),
+                              pad_w=int(conv1.attrs.padding[1]))
     pair.params = dict(
         w1=relax_const(conv1.args[1]).astype(np.float32).transpose(1, 2, 3, 0),  # OHWI -> HWIO
         s1=s1, b1=b1,

@@ -44,8 +44,7 @@ def reference(spec: FusedConvSpec, x, w1, s1, b1, w2, s2, b2, residual=None) -> 
     """y (n, ho, wo, k2) in spec.dtype. Float32 math; the intermediate is rounded to spec.dtype,
     as the kernels store it."""
     f32 = np.float32
-    d = spec.dilation
-    acc1 = conv_nhwc(x, w1, spec.stride, (d, d), spec.groups, d)
+    acc1 = conv_nhwc(x, w1, spec.stride, spec.pads, spec.groups, spec.dilation)
     mid = _act(acc1 * s1.astype(f32) + b1.astype(f32), spec.act1).astype(np_dtype(spec.dtype))
     acc2 = mid.astype(f32) @ w2.astype(f32)
     pre = acc2 * s2.astype(f32) + b2.astype(f32)

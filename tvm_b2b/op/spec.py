@@ -6,7 +6,9 @@ Layouts: x NHWC (n, h, w, c); w1 HWIO (3, 3, c / groups, k1); w2 (k1, k2); s1, b
 float32; r and y NHWC (n, ho, wo, k2). groups > 1 makes the 3x3 grouped (MobileNet's depthwise:
 groups = c = k1; ResNeXt's: c / groups channels per group), as op.conv_spec defines it. dilation d > 1 spaces
 the 3x3's taps d pixels apart (DeepLabV3's atrous bottlenecks), padded by d so that the output keeps the
-3x3's size: tap (i, j) reads input pixel (oh * stride + (i - 1) * d, ow * stride + (j - 1) * d). Accumulation
+3x3's size: tap (i, j) reads input pixel (oh * stride + (i - 1) * d, ow * stride + (j - 1) * d). pad_h and pad_w,
+where given, pad the top and left instead of d, the output's size the same (ceil(h / stride)): TensorFlow's "same"
+padding of a stride-2 3x3 on an even size pads 0 on top and 1 below, as Keras models export it. Accumulation
 is float32; the intermediate is stored in `dtype`, as the fused GPU kernel keeps it in shared memory.
 """
 from __future__ import annotations
@@ -38,6 +40,8 @@ class FusedConvSpec:
     dtype: str = "float16"
     groups: int = 1
     dilation: int = 1
+    pad_h: int | None = None  # the 3x3's top padding; None: its dilation
+    pad_w: int | None = None  # its left padding
 
     def __post_init__(self):
         for name in SIZE_FIELDS + ("stride", "groups", "dilation"):
@@ -46,8 +50,28 @@ class FusedConvSpec:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         if self.stride not in STRIDES:
             raise ValueError(f"stride: expected one of {STRIDES}, got {self.stride!r}")
+        for name in ("pad_h", "pad_w"):
+            self._check_pad(name)
         check_groups(self, self.k1)
         check_options(self, ("act1", "act2"))
+
+    def _check_pad(self, name: str) -> None:
+        """ValueError unless the 3x3's `name` padding (top or left) is within its span; normalized to None where it
+        is the dilation (one spelling: one text, one record)."""
+        value = getattr(self, name)
+        if value is None or value == self.dilation:
+            object.__setattr__(self, name, None)
+        elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2 * self.dilation:
+            raise ValueError(f"{name}: expected an integer from 0 to {2 * self.dilation}, got {value!r}")
+
+    @property
+    def pads(self) -> tuple[int, int, int, int]:
+        """The 3x3's (top, left, bottom, right): the dilation on each side, or the given top / left and the padding
+        the other end then needs for the output's ceil(size / stride)."""
+        d = self.dilation
+        top, bottom = (d, d) if self.pad_h is None else (self.pad_h, far_pad(self.h, self.ho, self.stride, d, self.pad_h))
+        left, right = (d, d) if self.pad_w is None else (self.pad_w, far_pad(self.w, self.wo, self.stride, d, self.pad_w))
+        return top, left, bottom, right
 
     # -- derived sizes -------------------------------------------------------------------------
     @property
@@ -95,11 +119,19 @@ class FusedConvSpec:
     def parse(cls, text: str) -> "FusedConvSpec":
         """Parse 'n=1,h=56,w=56,c=64,k1=64,k2=64,stride=1,act1=relu,...' (fields not given keep
         their defaults; sizes are required)."""
-        return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups", "dilation"), SIZE_FIELDS, "a spec field")
+        return parse_fields(cls, text, SIZE_FIELDS + ("stride", "groups", "dilation", "pad_h", "pad_w"), SIZE_FIELDS,
+                            "a spec field")
+
+
+def far_pad(size: int, out: int, stride: int, dilation: int, near: int) -> int:
+    """The padding at the far end (bottom or right) a 3x3 dilated by `dilation` padded `near` at the near end needs for
+    `out` outputs of `size` input pixels at `stride`: what the last output's last tap reads past the input (none where
+    it stops short of the input's end: at most stride - 1 pixels then, and the conv's output size is the same)."""
+    return max(0, (out - 1) * stride + 2 * dilation - near - (size - 1))
 
 
 # fields added later, left out of a spec's text while at these defaults
-UNWRITTEN_DEFAULTS = {"groups": 1, "dilation": 1, "pad_bottom": None, "pad_right": None}
+UNWRITTEN_DEFAULTS = {"groups": 1, "dilation": 1, "pad_bottom": None, "pad_right": None, "pad_h": None, "pad_w": None}
 
 
 def spec_text(spec) -> str:

@@ -251,6 +251,8 @@ def spec_problem(spec: FusedConvSpec) -> str | None:
         return f"dtype {spec.dtype} (float16 only)"
     if spec.dilation != 1:  # its halo tile holds adjacent taps
         return f"dilation {spec.dilation} (undilated pairs only)"
+    if spec.pads != (1, 1, 1, 1):  # its halo tile starts a row and a column above and left of the block's pixels
+        return f"3x3 padding {list(spec.pads)} (top, left, bottom, right): 1 on each side only"
     if spec.act1 not in ACT_CODES or spec.act2 not in ACT_CODES:
         return f"activations {spec.act1}/{spec.act2}: {', '.join(ACT_CODES)} only"
     if not cluster_sizes(spec) or spec.k2 % MMA_N:

@@ -1,6 +1,8 @@
-"""Dilated 3x3 -> 1x1 pairs (FusedConvSpec.dilation: DeepLabV3's atrous bottlenecks, MobileNetV3's dilated depthwise
-blocks): the numpy reference against PyTorch's dilated conv, the pair fused and as two kernels on the CPU against the
-reference (a grid and hypothesis shapes: dense, grouped, depthwise, stride 2, residual), the spec's text, the CUDA pair
+"""3x3 -> 1x1 pairs whose 3x3 is dilated (FusedConvSpec.dilation: DeepLabV3's atrous bottlenecks, MobileNetV3's
+dilated depthwise blocks) or padded as TensorFlow pads (pad_h / pad_w: 0 on top of a stride-2 3x3 of an even size, as
+Keras models export it): the numpy reference against PyTorch's (dilated) conv of the padded input, the pair fused and
+as two kernels on the CPU against the reference (a grid and hypothesis shapes: dense, grouped, depthwise, stride 2,
+residual), the spec's text, the CUDA pair
 (mma.sync template, grouped pair template) as ONE kernel built by nvcc for sm_80 and sm_90, and (GPU-marked) on CUDA
 against the reference.
 
@@ -28,6 +30,11 @@ PAIRS = [
     dict(n=1, h=9, w=9, c=40, k1=40, k2=16, groups=40, dilation=2, act1="relu6", act2="none"),  # depthwise
     dict(n=2, h=10, w=12, c=32, k1=32, k2=32, groups=8, dilation=4, residual=True),  # grouped, dilation beyond the image
     dict(n=1, h=7, w=8, c=12, k1=24, k2=8, groups=12, dilation=2, stride=2),  # a depth multiplier of 2
+    # TensorFlow's "same": the extra row and column below and right (even sizes at stride 2)
+    dict(n=2, h=16, w=14, c=16, k1=16, k2=32, stride=2, pad_h=0, pad_w=0, residual=True),
+    dict(n=1, h=12, w=11, c=24, k1=24, k2=16, groups=24, stride=2, pad_h=0, act1="relu6", act2="none"),  # w odd: 1 each
+    dict(n=1, h=7, w=9, c=8, k1=8, k2=8, pad_h=0, pad_w=2),  # stride 1: all below, all above
+    dict(n=1, h=10, w=10, c=8, k1=8, k2=8, groups=2, dilation=2, stride=2, pad_h=1, pad_w=3),
 ]
 PAIR_IDS = [FusedConvSpec(**p).to_string() for p in PAIRS]
 ACTS = {"relu": lambda y: np.maximum(y, 0), "relu6": lambda y: np.clip(y, 0, 6), "none": lambda y: y}
@@ -39,7 +46,7 @@ def test_pair_reference_matches_torch(kind):
     spec = FusedConvSpec(**kind, dtype="float32")
     i = random_inputs(spec, seed=3)
     conv = conv3x3_spec(spec)
-    assert (conv.pad_h, conv.dilation) == (spec.dilation, spec.dilation) and (conv.ho, conv.wo) == (spec.ho, spec.wo)
+    assert (conv.pads, conv.dilation) == (spec.pads, spec.dilation) and (conv.ho, conv.wo) == (spec.ho, spec.wo)
     mid = torch_conv(conv, i["x"], i["w1"], i["s1"], i["b1"])
     want = ACTS[spec.act2](mid @ i["w2"] * i["s2"] + i["b2"] + (i["residual"] if spec.residual else 0))
     got = reference(spec, **i)
@@ -55,27 +62,42 @@ def test_dilation_is_in_the_spec_text_only_when_not_1():
         FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, dilation=0)
 
 
+def test_padding_is_in_the_spec_text_only_when_not_the_dilation():
+    spec = FusedConvSpec.parse("n=1,h=8,w=8,c=16,k1=16,k2=8,stride=2,pad_h=0,pad_w=0")
+    assert spec.pads == (0, 0, 1, 1) and FusedConvSpec.parse(spec.to_string()) == spec
+    assert spec == FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, stride=2, pad_h=0, pad_w=0)
+    same = FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, stride=2, pad_h=1, pad_w=1)  # PyTorch's: the default
+    assert same == FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, stride=2) and "pad" not in same.to_string()
+    assert FusedConvSpec(n=1, h=9, w=9, c=16, k1=16, k2=8, stride=2, dilation=2, pad_h=3).pads == (3, 2, 1, 2)
+    assert conv3x3_spec(same).symmetric and conv3x3_spec(same).pads == (1, 1, 1, 1)  # as before (the Hopper pair's)
+    with pytest.raises(ValueError, match="pad_w: expected an integer from 0 to 2, got 3"):
+        FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, pad_w=3)
+
+
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
 def test_cpu_dilated_pair_matches_reference(kind, fused):
     assert_pair(FusedConvSpec(**kind, dtype="float32"), "llvm", fused)
 
 
-def _dilated_pair(n, h, w, per_group, groups, k2, stride, dilation, residual, act1):
+def _padded_pair(n, h, w, per_group, groups, k2, stride, dilation, pads, residual, act1):
     c = per_group * groups
+    top, left = (p if p is None else min(p, 2 * dilation) for p in pads)
     return FusedConvSpec(n=n, h=h, w=w, c=c, k1=c, k2=k2, stride=stride, dilation=dilation, residual=residual, act1=act1,
-                         groups=groups, dtype="float32")
+                         groups=groups, pad_h=top, pad_w=left, dtype="float32")
 
 
-DILATED_PAIRS = st.builds(_dilated_pair, st.integers(1, 2), st.integers(2, 12), st.integers(2, 12),
-                          st.sampled_from([1, 3, 8]), st.sampled_from([1, 1, 2, 5]), st.integers(1, 24), st.sampled_from([1, 2]),
-                          st.integers(2, 6), st.booleans(), st.sampled_from(["relu", "relu6", "none"]))
+PADDED_PAIRS = st.builds(_padded_pair, st.integers(1, 2), st.integers(2, 12), st.integers(2, 12),
+                         st.sampled_from([1, 3, 8]), st.sampled_from([1, 1, 2, 5]), st.integers(1, 24), st.sampled_from([1, 2]),
+                         st.integers(1, 6), st.tuples(*[st.sampled_from([None, None, 0, 1, 2, 4, 12])] * 2), st.booleans(),
+                         st.sampled_from(["relu", "relu6", "none"]))
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=DILATED_PAIRS)
-def test_cpu_dilated_pair_random_shapes(spec):
-    """Dense (groups 1), grouped and depthwise (per_group 1) pairs dilated by 2 to 6, often beyond the image."""
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=PADDED_PAIRS)
+def test_cpu_padded_pair_random_shapes(spec):
+    """Dense (groups 1), grouped and depthwise (per_group 1) pairs dilated by up to 6, often beyond the image, padded
+    by the dilation or from 0 to twice it at the top and left."""
     assert_pair(spec, "llvm", seed=1)
 
 
@@ -100,22 +122,25 @@ def test_gemm_definition_computes_the_pair(kind):
     assert ok, err
 
 
-@pytest.mark.parametrize("index", [0, 2], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("index", [0, 2, 5, 6], ids=["dense", "depthwise", "dense-tf-same", "depthwise-tf-same"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_cuda_dilated_pair_is_one_kernel_and_builds(index, arch, tmp_path):
-    """The dilated pair runs fused as ONE kernel on the mma.sync templates (the dense pair's, the grouped pair's): sm_90's
-    TMA + wgmma pair and its depthwise cluster kernel refuse a dilation (their halo tiles hold adjacent taps); nvcc
-    compiles it."""
-    spec = FusedConvSpec(**{**PAIRS[index], "k1": 64, "k2": 64, "c": 64} if index == 0 else PAIRS[index])
+def test_cuda_padded_pair_is_one_kernel_and_builds(index, arch, tmp_path):
+    """The dilated or TensorFlow-padded pair runs fused as ONE kernel on the mma.sync templates (the dense pair's, the
+    grouped pair's): sm_90's TMA + wgmma pair and its depthwise cluster kernel refuse it (their halo tiles hold
+    adjacent taps, a row and column of padding above and left); nvcc compiles it."""
+    dense = PAIRS[index]["groups"] == 1 if "groups" in PAIRS[index] else True
+    spec = FusedConvSpec(**{**PAIRS[index], "k1": 64, "k2": 64, "c": 64} if dense else PAIRS[index])
     target = parse_target(f"cuda:{arch}")
     planned = plan(spec, target)
     assert planned.fused and len(planned.kernels) == 1 and planned.kernel == "tensorcore"
     source = compiled_source(planned.kernels, target)
     assert "mma.sync.aligned.m16n8k16" in source and "wgmma." not in source
-    if index == 0:
-        assert cuda_hopper_pair.pair_problem(spec) == "dilation 2 (undilated convs only)"
+    if dense:
+        assert cuda_hopper_pair.pair_problem(spec) in ("dilation 2 (undilated convs only)",
+                                                       "padding [0, 0, 1, 1] (top, left, bottom, right): symmetric padding only")
     else:
-        assert cuda_cluster_dw_pair.spec_problem(spec) == "dilation 2 (undilated pairs only)"
+        assert cuda_cluster_dw_pair.spec_problem(spec) in (
+            "dilation 2 (undilated pairs only)", "3x3 padding [0, 1, 1, 1] (top, left, bottom, right): 1 on each side only")
     if arch not in nvcc_arches():
         pytest.skip(f"nvcc here has no {arch}")
     nvcc_compile(source, arch, tmp_path)
@@ -124,5 +149,5 @@ def test_cuda_dilated_pair_is_one_kernel_and_builds(index, arch, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
-def test_cuda_dilated_pair_matches_reference(kind, fused):
+def test_cuda_padded_pair_matches_reference(kind, fused):
     assert_pair(FusedConvSpec(**kind), "cuda", fused)
