@@ -201,14 +201,17 @@ def atrous(g: Graph):  # DeepLabV3's atrous backbone and ASPP head: dilated dens
     return g.conv(y, 16, 8, 3, stride=2, dilation=2)
 
 
-def tf_same(g: Graph):  # TensorFlow's "same" padding of strided convs, as Keras models export it: each conv pads itself
-    x = g.relu(g.conv(g.pad("x", 0, 0, 1, 1), 3, 16, 3, stride=2, pad=0))  # ZeroPadding2D -> a stem of 3 channels
+def tf_same(g: Graph):  # a Keras model as tf2onnx exports it: NHWC in and out, TensorFlow's "same" padding of strided
+    # convs (ZeroPadding2D -> Conv, or auto_pad): each conv pads itself
+    x = g._node("Transpose", ["x"], perm=[0, 3, 1, 2])
+    x = g.relu(g.conv(g.pad(x, 0, 0, 1, 1), 3, 16, 3, stride=2, pad=0))  # ZeroPadding2D -> a stem of 3 channels
     x = g.relu6(g.conv(g.pad(x, 0, 0, 1, 1), 16, 16, 3, stride=2, groups=16, pad=0))  # a depthwise pair padded so
     x = g.conv(x, 16, 24, 1)
     x = g.relu(g.conv_auto_pad(x, 24, 24, 3, 2, "SAME_UPPER"))  # 8x8: pads [0, 0, 1, 1]
     x = g.conv_auto_pad(x, 24, 16, 3, 1, "SAME_LOWER")
     x = g.conv(g.pad(x, 1, 1, 1, 1, mode="reflect"), 16, 16, 3, pad=0)  # not zeros: stays a Pad
-    return g.conv(g.pad(x, 2, 2, 2, 2), 16, 8, 3)  # with the conv's own 1, wider than the kernel: stays a Pad
+    x = g.conv(g.pad(x, 2, 2, 2, 2), 16, 8, 3)  # with the conv's own 1, wider than the kernel: stays a Pad
+    return g._node("Transpose", [x], perm=[0, 2, 3, 1])
 
 
 def sigmoid_between(g: Graph):  # negative: an activation the kernel does not have
@@ -263,7 +266,7 @@ def resnet50_body(g: Graph):
     return x
 
 
-# name -> (builder, input shape (n, c, h, w), pairs expected, pairs fused on CPU)
+# name -> (builder, input shape (n, c, h, w; tf_same's NHWC), pairs expected, pairs fused on CPU)
 MODELS = {
     "bn_kept": (bn_kept, (2, 16, 13, 11), 1, 1),
     "mul_add": (mul_add, (1, 16, 12, 12), 1, 1),
@@ -280,7 +283,7 @@ MODELS = {
     "dilated": (dilated, (1, 16, 8, 8), 1, 0),
     "atrous": (atrous, (1, 16, 13, 12), 1, 0),
     "atrous_pairs": (atrous_pairs, (2, 16, 13, 12), 2, 2),
-    "tf_same": (tf_same, (2, 3, 32, 32), 1, 1),
+    "tf_same": (tf_same, (2, 32, 32, 3), 1, 1),  # NHWC
     "sigmoid_between": (sigmoid_between, (1, 16, 8, 8), 1, 0),
     "grouped_sigmoid": (grouped_sigmoid, (1, 16, 8, 8), 1, 0),
     "across_blocks": (across_blocks, (1, 16, 8, 8), 0, 0),
