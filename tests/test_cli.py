@@ -97,4 +97,5 @@ def test_command_line_runs_and_fails_cleanly():
     assert "OK" in ok.stdout
     bad = subprocess.run([*installed_command(), "op", "--spec", SPEC + ",k9=1"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines() == ["tvm-b2b op: error: k9: not a spec field (expected one of n, h, w, c, k1, k2, stride, act1, act2, residual, dtype, groups)"]
+    assert bad.stderr.strip().splitlines() == ["tvm-b2b op: error: k9: not a spec field (expected one of n, h, w, c, k1, k2, "
+                                               "stride, act1, act2, residual, dtype, groups, dilation, pad_h, pad_w)"]
