@@ -113,3 +113,16 @@ def test_dilated_auto_pad_is_left_to_the_importer():
     nodes = [helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", dilations=[2, 2])]
     model = _model(nodes, {"w": _weight()})
     assert conv_pads_inlined(model) is model
+
+
+def test_pad_a_subgraph_reads_stays():
+    """An If's branch reading the padded tensor from the outer graph keeps its Pad (removing it would break the model)."""
+    branch = helper.make_graph([helper.make_node("Identity", ["p"], ["b"])], "branch", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"]),
+             helper.make_node("Conv", ["p", "w"], ["c"], strides=[2, 2]),
+             helper.make_node("If", ["cond"], ["i"], then_branch=branch, else_branch=branch),
+             helper.make_node("ReduceMean", ["i"], ["m"], axes=[2, 3], keepdims=1),
+             helper.make_node("Add", ["c", "m"], ["y"])]
+    inits = {"pads": np.asarray([0, 0, 0, 0, 0, 0, 1, 1], np.int64), "w": _weight(), "cond": np.asarray(True)}
+    _check(_model(nodes, inits), 1)

@@ -65,12 +65,15 @@ def same_pads(size, kernel, strides, upper: bool) -> list[int]:
 
 # -- Pad -> Conv -------------------------------------------------------------------------------------------------
 def _fold_zero_pads(model) -> bool:
+    from .static_shapes import _inputs
+
     constants = _constants(model)
     readers: dict[str, list] = {}
     for node in model.graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
-    outputs = {o.name for o in model.graph.output}
+    # a graph output, or a value a subgraph (If, Loop) reads, is kept as it is
+    outputs = {o.name for o in model.graph.output} | _inputs([n for n in model.graph.node if _has_subgraph(n)])
     folded = []
     for pad in (n for n in model.graph.node if n.op_type == "Pad"):
         spatial = _zero_spatial_pads(pad, constants)
@@ -129,6 +132,10 @@ def _merged_pads(model, conv, spatial: list[int]) -> list[int] | None:
 
 
 # -- ONNX helpers -------------------------------------------------------------------------------------------------
+def _has_subgraph(node) -> bool:
+    return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
+
+
 def _constants(model) -> dict:
     from onnx import numpy_helper
 
