@@ -204,7 +204,8 @@ def main() -> int:
         singles_us = single_convs_us(spec, inputs, args.target) if spec.groups > 1 or args.singles else None
         torch_us = torch_unfused_us(spec, inputs)
         roof_us = max(spec.flops / peak_flops, min_bytes(spec) / peak_bw) * 1e6 if peak_flops else None
-        groups = (f" g={spec.groups}" if spec.groups > 1 else "") + (f" d={spec.dilation}" if spec.dilation > 1 else "")
+        groups = ((f" g={spec.groups}" if spec.groups > 1 else "") + (f" d={spec.dilation}" if spec.dilation > 1 else "")
+                  + (f" pads={list(spec.pads)}" if spec.pads != (spec.dilation,) * 4 else ""))
         name = f"n={spec.n} {spec.h}x{spec.w}/{spec.stride} {spec.c}->{spec.k1}->{spec.k2}{groups}{' +r' if spec.residual else ''}"
         for label in configs:
             with config_env(label) as plain:  # "VAR=VALUE:config": this config built and run with VAR=VALUE

@@ -34,6 +34,7 @@ KINDS = [
     dict(n=1, h=14, w=14, c=32, k=64, kh=3, kw=3, stride=2, pad_bottom=1, pad_right=1, residual=True, act="none"),
     dict(n=1, h=16, w=15, c=40, k=40, kh=5, kw=5, stride=2, pad_h=1, pad_w=2, pad_bottom=2, groups=40),  # depthwise 5x5
     dict(n=1, h=9, w=8, c=16, k=24, kh=3, kw=3, pad_h=1, pad_w=1, pad_bottom=0, pad_right=2),  # less below than above
+    dict(n=2, h=9, w=10, c=4, k=8, kh=3, kw=3, stride=2, pad_h=1, pad_w=1, groups=2),  # grouped, few channels: no stem
 ]
 IDS = [ConvSpec(**k).to_string() for k in KINDS]
 
@@ -275,6 +276,18 @@ def test_cuda_asymmetric_padding_builds(kind, arch, tmp_path):
     if arch not in nvcc_arches():
         pytest.skip(f"nvcc here has no {arch}")
     nvcc_compile(source, arch, tmp_path)
+
+
+def test_cuda_grouped_conv_of_few_channels_is_no_stem(tmp_path):
+    """A grouped strided conv of fewer than 8 channels is no stem (its cells would mix groups): it runs as it is, on
+    CUDA cores (planning it for CUDA raised a ValueError before), and nvcc compiles it."""
+    spec = ConvSpec(**KINDS[-1], dtype="float16")
+    target = parse_target("cuda:sm_90")
+    planned = plan(spec, target)
+    assert planned.input_form is None and planned.kernel == "cuda-core"
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("nvcc here has no sm_90")
+    nvcc_compile(compiled_source(planned.kernels, target), "sm_90", tmp_path)
 
 
 @pytest.mark.gpu

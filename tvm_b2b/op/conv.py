@@ -52,10 +52,10 @@ def cell_padding(spec: ConvSpec) -> tuple[int, int]:
 
 
 def stem(spec: ConvSpec) -> bool:
-    """A strided conv of fewer than 8 channels (a network's stem): the kernels take it as its space-to-depth
+    """A dense strided conv of fewer than 8 channels (a network's stem): the kernels take it as its space-to-depth
     conv (space_to_depth), whose cells have stride x stride times the channels. (A dilated one's taps are not
-whole cells: it runs as it is.)"""
-    return spec.stride > 1 and spec.c < 8 and spec.dilation == 1
+    whole cells, nor is a grouped one's cell a group: they run as they are.)"""
+    return spec.stride > 1 and spec.c < 8 and spec.dilation == 1 and spec.groups == 1
 
 
 def space_to_depth(spec: ConvSpec) -> ConvSpec:
