@@ -110,8 +110,9 @@ def torch_unfused_us(spec: FusedConvSpec, inputs) -> float | None:
     acts = {"relu": torch.relu, "relu6": lambda v: torch.clamp(v, 0, 6), "none": lambda v: v}
 
     def run():
-        d = spec.dilation  # padded by it: the output keeps the 3x3's size
-        mid = acts[spec.act1](F.conv2d(x, w1, padding=d, stride=spec.stride, groups=spec.groups, dilation=d) * s1 + b1)
+        d, (top, left, bottom, right) = spec.dilation, spec.pads  # PyTorch's padding: d on each side
+        xp, pad = (x, d) if spec.pads == (d,) * 4 else (F.pad(x, (left, right, top, bottom)), 0)
+        mid = acts[spec.act1](F.conv2d(xp, w1, padding=pad, stride=spec.stride, groups=spec.groups, dilation=d) * s1 + b1)
         out = F.conv2d(mid, w2) * s2 + b2
         return acts[spec.act2](out + r if r is not None else out)
 
