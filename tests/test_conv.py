@@ -262,12 +262,9 @@ def test_cuda_dilated_conv_runs_on_the_tensor_core_template(arch, tmp_path):
 @pytest.mark.parametrize("kind", KINDS[10:12], ids=["stem", "3x3-stride2"])
 def test_cuda_asymmetric_padding_builds(kind, arch, tmp_path):
     """TensorFlow's "same" padding (one more row and column below and right): the stem as its space-to-depth conv, the
-    3x3 on the mma.sync template (sm_90's TMA + wgmma kernel refuses asymmetric padding with its reason); nvcc
-    compiles both."""
-    from tvm_b2b.schedule import cuda_hopper_conv
-
+    small 3x3 on the mma.sync template (few blocks); nvcc compiles both. (test_cuda_hopper_conv emulates the TMA +
+    wgmma kernel's index math on such padding.)"""
     spec = ConvSpec(**kind, dtype="float16")
-    assert cuda_hopper_conv.spec_problem(spec) == "padding [0, 0, 1, 1] (top, left, bottom, right): symmetric padding only"
     target = parse_target(f"cuda:{arch}")
     planned = plan(spec, target)
     assert (planned.input_form is not None and planned.input_form.cells) == (spec.c < 8)
@@ -276,6 +273,25 @@ def test_cuda_asymmetric_padding_builds(kind, arch, tmp_path):
     if arch not in nvcc_arches():
         pytest.skip(f"nvcc here has no {arch}")
     nvcc_compile(source, arch, tmp_path)
+
+
+HOPPER_TF_CONV = ConvSpec(n=8, h=56, w=56, c=64, k=128, kh=3, kw=3, stride=2, pad_bottom=1, pad_right=1, residual=True)
+
+
+def test_cuda_asymmetric_padding_on_hopper_builds(tmp_path):
+    """A TensorFlow-padded strided 3x3 large enough for sm_90's TMA + wgmma kernel runs on it (its boxes start at the
+    top and left padding, TMA fills what lies past the input with zeros), and nvcc compiles it."""
+    from tvm_b2b.schedule.cuda_hopper_conv import HopperConfig
+
+    spec = HOPPER_TF_CONV
+    target = parse_target("cuda:sm_90")
+    planned = plan(spec, target)
+    assert isinstance(planned.config, HopperConfig)
+    source = compiled_source(planned.kernels, target)
+    assert "wgmma." in source
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("nvcc here has no sm_90")
+    nvcc_compile(source, "sm_90", tmp_path)
 
 
 def test_cuda_grouped_conv_of_few_channels_is_no_stem(tmp_path):
@@ -288,6 +304,11 @@ def test_cuda_grouped_conv_of_few_channels_is_no_stem(tmp_path):
     if "sm_90" not in nvcc_arches():
         pytest.skip("nvcc here has no sm_90")
     nvcc_compile(compiled_source(planned.kernels, target), "sm_90", tmp_path)
+
+
+@pytest.mark.gpu
+def test_cuda_asymmetric_padding_on_hopper_matches_reference():
+    _assert_computes_op(HOPPER_TF_CONV, "cuda", seed=9)
 
 
 @pytest.mark.gpu

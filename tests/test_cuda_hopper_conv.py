@@ -398,7 +398,8 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
                                          (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair"),
-                                         (15, None), (16, None), (17, None), (18, None), (19, None), (20, None), (21, None)])
+                                         (15, None), (16, None), (17, None), (18, None), (19, None), (20, None), (21, None),
+                                         (22, None), (23, None), (24, None), (25, None), (8, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
@@ -429,10 +430,11 @@ def emulated_convs(draw):
     them) and a config it takes for it (a persistent grid among them)."""
     kh = draw(st.sampled_from([1, 2, 3, 4, 5]))  # (2 and 4 with 16 or 32 channels: narrow_taps)
     stride, pad = draw(st.integers(1, 3)), draw(st.integers(0, kh // 2))
+    bottom, right = (min(pad + draw(st.sampled_from([0, 0, 1])), kh - 1) for _ in range(2))  # TensorFlow's "same"
     h, w = draw(st.integers(kh, 14)), draw(st.integers(kh, 14))
     n, c, k = draw(st.integers(1, 2)), 8 * draw(st.integers(1, 12)), draw(st.sampled_from([64, 128]))
     spec = spec_of(f"n={n},h={h},w={w},c={c},k={k},kh={kh},kw={kh},stride={stride},pad_h={pad},pad_w={pad},"
-                   f"residual={draw(st.integers(0, 1))}")
+                   f"pad_bottom={bottom},pad_right={right},residual={draw(st.integers(0, 1))}")
     cfg = hopper.HopperConfig(bm=draw(st.sampled_from([64, 128])), bn=draw(st.sampled_from([64, 128])),
                               stages=draw(st.integers(1, 4)), persist=draw(st.integers(0, 1)))
     assume(not hopper.spec_problem(spec) and not hopper.conv_config_problem(spec, cfg))

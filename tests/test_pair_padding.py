@@ -126,8 +126,9 @@ def test_gemm_definition_computes_the_pair(kind):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_padded_pair_is_one_kernel_and_builds(index, arch, tmp_path):
     """The dilated or TensorFlow-padded pair runs fused as ONE kernel on the mma.sync templates (the dense pair's, the
-    grouped pair's): sm_90's TMA + wgmma pair and its depthwise cluster kernel refuse it (their halo tiles hold
-    adjacent taps, a row and column of padding above and left); nvcc compiles it."""
+    grouped pair's): sm_90's TMA + wgmma pair refuses a dilation (its boxes hold adjacent taps) and takes TensorFlow's
+    padding (at these sizes its policy leaves them to mma.sync: test_tf_padded_pair_runs_on_hopper), its depthwise
+    cluster kernel refuses both (its halo tile pads a row and column above and left); nvcc compiles it."""
     dense = PAIRS[index]["groups"] == 1 if "groups" in PAIRS[index] else True
     spec = FusedConvSpec(**{**PAIRS[index], "k1": 64, "k2": 64, "c": 64} if dense else PAIRS[index])
     target = parse_target(f"cuda:{arch}")
@@ -136,8 +137,7 @@ def test_cuda_padded_pair_is_one_kernel_and_builds(index, arch, tmp_path):
     source = compiled_source(planned.kernels, target)
     assert "mma.sync.aligned.m16n8k16" in source and "wgmma." not in source
     if dense:
-        assert cuda_hopper_pair.pair_problem(spec) in ("dilation 2 (undilated convs only)",
-                                                       "padding [0, 0, 1, 1] (top, left, bottom, right): symmetric padding only")
+        assert cuda_hopper_pair.pair_problem(spec) == (None if spec.dilation == 1 else "dilation 2 (undilated convs only)")
     else:
         assert cuda_cluster_dw_pair.spec_problem(spec) in (
             "dilation 2 (undilated pairs only)", "3x3 padding [0, 1, 1, 1] (top, left, bottom, right): 1 on each side only")
@@ -146,8 +146,33 @@ def test_cuda_padded_pair_is_one_kernel_and_builds(index, arch, tmp_path):
     nvcc_compile(source, arch, tmp_path)
 
 
+HOPPER_TF_PAIR = FusedConvSpec(n=8, h=56, w=56, c=64, k1=64, k2=256, stride=2, pad_h=0, pad_w=0, residual=True)
+
+
+def test_tf_padded_pair_runs_on_hopper(tmp_path):
+    """A TensorFlow-padded strided pair large enough for sm_90's TMA + wgmma pair runs on it (its boxes start at the
+    top and left padding; test_cuda_hopper_conv emulates its index math), and nvcc compiles it."""
+    from tvm_b2b.schedule.cuda_hopper_conv import HopperConfig
+
+    spec = HOPPER_TF_PAIR
+    target = parse_target("cuda:sm_90")
+    planned = plan(spec, target)
+    assert planned.fused and len(planned.kernels) == 1 and isinstance(planned.config, HopperConfig)
+    source = compiled_source(planned.kernels, target)
+    assert "wgmma." in source
+    if "sm_90" not in nvcc_arches():
+        pytest.skip("nvcc here has no sm_90")
+    nvcc_compile(source, "sm_90", tmp_path)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "two-kernels"])
 def test_cuda_padded_pair_matches_reference(kind, fused):
     assert_pair(FusedConvSpec(**kind), "cuda", fused)
+
+
+@pytest.mark.gpu
+def test_cuda_tf_padded_pair_on_hopper_matches_reference():
+    """The TensorFlow-padded pair on sm_90's TMA + wgmma pair (where the GPU is one) against the reference."""
+    assert_pair(HOPPER_TF_PAIR, "cuda")

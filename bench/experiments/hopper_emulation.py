@@ -295,7 +295,8 @@ def emulate(spec, cfg, second=None, rng=None):
                     tma_store(y, smem, y_at + box * bm * 64, ym, [c2 + jc * bn2 + box * 64, *tiling.origin(bi)])
 
     # reference
-    xp = np.pad(x.astype(np.float32), [(0, 0), (spec.pad_h, spec.pad_h), (spec.pad_w, spec.pad_w), (0, 0)])
+    top, left, bottom, right = spec.pads
+    xp = np.pad(x.astype(np.float32), [(0, 0), (top, bottom), (left, right), (0, 0)])
     cols = np.zeros((spec.n, spec.ho, spec.wo, spec.kh, spec.kw, c), np.float32)
     for rh in range(spec.kh):
         for rw in range(spec.kw):
@@ -378,6 +379,12 @@ CONVS = [
     # (2 taps a step, 64-byte rows) with padding and a residual, in a persistent grid
     ("n=2,h=11,w=11,c=16,k=64,kh=4,kw=4", "bm=64,bn=64,stages=3"),
     ("n=1,h=9,w=12,c=32,k=128,kh=2,kw=2,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=2,persist=1"),
+    # padded differently on each side (TensorFlow's "same": the extra row and column below and right), in the taps'
+    # form, strided, the halo form and a persistent grid
+    ("n=1,h=9,w=11,c=64,k=64,kh=3,kw=3,pad_h=0,pad_w=1,pad_bottom=2,pad_right=1", "bm=64,bn=64,stages=3"),
+    ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=0,pad_bottom=1,pad_right=1,residual=1", "bm=64,bn=128,stages=3"),
+    ("n=2,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=2,pad_w=0,pad_bottom=0,pad_right=2", "bm=128,bn=64,stages=3,halo=1"),
+    ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=1,pad_bottom=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
 ]
 PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
@@ -389,6 +396,8 @@ PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=1,h=7,w=7,c=64,k=512,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 512, 64, True, 0, 4),
     ("n=2,h=10,w=9,c=72,k=256,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 64, 3, 256, 64, True, 0, 2),
     ("n=1,h=9,w=10,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 256, 64, False, 1, 2),
+    # TensorFlow's "same" at stride 2 (0 above, 1 below): a Keras model's strided pair
+    ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=0,pad_bottom=1,pad_right=1", 128, 3, 256, 128, True),
 ]
 
 
