@@ -70,7 +70,7 @@ def test_spec_text_round_trip_and_errors():
     assert (atrous.span_h, atrous.ho, atrous.wo) == (9, 9, 5) and "dilation=4" in atrous.to_string()
     assert "dilation" not in spec.to_string()  # left out at 1: the text (and tuning records' specs) of before
     same = ConvSpec.parse("n=1,h=224,w=224,c=3,k=32,kh=3,kw=3,stride=2,pad_bottom=1,pad_right=1")  # TensorFlow's "same"
-    assert same.pads == (0, 0, 1, 1) and (same.ho, same.wo) == (112, 112) and not same.symmetric
+    assert same.pads == (0, 0, 1, 1) and (same.ho, same.wo) == (112, 112) and same.pad_bottom == 1
     assert ConvSpec.parse(same.to_string()) == same and "pad_bottom=1,pad_right=1" in same.to_string()
     assert ConvSpec(n=1, h=8, w=8, c=4, k=4, kh=3, kw=3, pad_h=1, pad_bottom=1) == ConvSpec(n=1, h=8, w=8, c=4, k=4, kh=3,
                                                                                            kw=3, pad_h=1, pad_w=0)

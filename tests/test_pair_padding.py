@@ -69,7 +69,8 @@ def test_padding_is_in_the_spec_text_only_when_not_the_dilation():
     same = FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, stride=2, pad_h=1, pad_w=1)  # PyTorch's: the default
     assert same == FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, stride=2) and "pad" not in same.to_string()
     assert FusedConvSpec(n=1, h=9, w=9, c=16, k1=16, k2=8, stride=2, dilation=2, pad_h=3).pads == (3, 2, 1, 2)
-    assert conv3x3_spec(same).symmetric and conv3x3_spec(same).pads == (1, 1, 1, 1)  # as before (the Hopper pair's)
+    assert (conv3x3_spec(same).pad_bottom, conv3x3_spec(same).pad_right) == (None, None)
+    assert conv3x3_spec(same).pads == (1, 1, 1, 1)  # as before (the Hopper pair's)
     with pytest.raises(ValueError, match="pad_w: expected an integer from 0 to 2, got 3"):
         FusedConvSpec(n=1, h=8, w=8, c=16, k1=16, k2=8, pad_w=3)
 

@@ -86,10 +86,6 @@ class ConvSpec:
         return self.pad_h, self.pad_w, self.bottom_pad, self.right_pad
 
     @property
-    def symmetric(self) -> bool:
-        return self.pad_bottom is None and self.pad_right is None
-
-    @property
     def ho(self) -> int:
         return (self.h + self.pad_h + self.bottom_pad - self.span_h) // self.stride + 1
 

@@ -129,7 +129,7 @@ def _conv_problem(call, kernel: int) -> str | None:
             return f"3x3 conv dilation {dilation} differs by axis"
         if strides[0] != strides[1] or strides[0] not in (1, 2):
             return f"3x3 conv stride {strides} (needs 1 or 2)"
-        n, h, w, _ = shape_of(call.args[0])
+        _, h, w, _ = shape_of(call.args[0])
         if shape_of(call)[1:3] != (-(-h // strides[0]), -(-w // strides[0])) or max(pad) > 2 * dilation[0]:
             # the pair's 3x3 keeps its input's size (strided: ceil(h / stride)), as "same" padding does
             return f"3x3 conv padding {pad}: not the same size (strided: ceil(size / stride)) as the pair's"

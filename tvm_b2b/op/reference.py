@@ -20,14 +20,14 @@ def _act(v: np.ndarray, name: str) -> np.ndarray:
     return activation(name).numpy(v)
 
 
-def conv_nhwc(x, w, stride: int, pad: tuple[int, ...], groups: int = 1, dilation: int = 1) -> np.ndarray:
+def conv_nhwc(x, w, stride: int, pad: tuple[int, int, int, int], groups: int = 1, dilation: int = 1) -> np.ndarray:
     """The convolution of x NHWC by w HWIO (kh, kw, c / groups, k) in float32, without epilogue: per
     tap, each group's window times its weights (depthwise: groups = c); tap (i, j) offset by (i, j) * dilation.
-    pad: (rows, columns) on both sides, or (top, left, bottom, right)."""
+    pad: (top, left, bottom, right), as a spec's `pads`."""
     f32 = np.float32
     kh, kw, per_group, k = w.shape
     d = dilation
-    top, left, bottom, right = tuple(pad) * 2 if len(pad) == 2 else pad
+    top, left, bottom, right = pad
     xp = np.pad(x.astype(f32), ((0, 0), (top, bottom), (left, right), (0, 0)))
     ho, wo = (xp.shape[1] - d * (kh - 1) - 1) // stride + 1, (xp.shape[2] - d * (kw - 1) - 1) // stride + 1
     acc = np.zeros((x.shape[0], ho, wo, groups, k // groups), f32)
