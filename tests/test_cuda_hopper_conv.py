@@ -2,6 +2,7 @@
 CPU: which convs it takes and why not, the (k, c) weights it is given, its kernel's Hopper instructions and an
 nvcc sm_90a compile of it alone and inside a whole model. GPU (sm_90 only): the kernel vs numpy, a model vs
 onnxruntime. What it measures: `bash bench/gpu_session.sh hopper`."""
+import dataclasses
 import re
 
 import numpy as np
@@ -51,7 +52,9 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          # and in a persistent grid: 896 tiles on 264 blocks), a 2x2 conv of 32 channels (2 taps a step) +residual
          ("n=2,h=35,w=30,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3", None),
          ("n=8,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3,act=none", "bm=128,bn=64,stages=2,persist=1"),
-         ("n=2,h=9,w=12,c=32,k=128,kh=2,kw=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3")]
+         ("n=2,h=9,w=12,c=32,k=128,kh=2,kw=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3"),
+         # the default configs' persistent grids (persist_default): a 1-step 1x1 (784 tiles on 132 blocks), a strided one
+         ("n=32,h=56,w=56,c=64,k=256,act=none", None), ("n=32,h=28,w=28,c=512,k=1024,stride=2,act=none", None)]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -81,14 +84,18 @@ def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
         hopper.conv_func(spec, hopper.HopperConfig())
 
 
-@pytest.mark.parametrize("case,why", [
-    ("n=1,h=14,w=14,c=1024,k=256", "fewer than half of sm_90's 132 SMs"),  # batch 1: 4 blocks
-    ("n=32,h=56,w=56,c=64,k=256,act=none", "1 reduction step(s)"), ("n=32,h=56,w=56,c=256,k=512,stride=2", "strided 1x1")])
-def test_rule_leaves_to_the_template_where_it_measured_slower(monkeypatch, case, why):
-    """By default (TVM_B2B_HOPPER unset or 1): where cuda_conv's kernel measured faster on the H200, its rule takes
-    the conv, and its plan says why not this kernel (`report` shows it); TVM_B2B_HOPPER=all takes it anyway."""
+@pytest.mark.parametrize("case,why,persist", [
+    ("n=1,h=14,w=14,c=1024,k=256", "fewer than half of sm_90's 132 SMs", None),  # batch 1: 4 blocks
+    ("n=32,h=56,w=56,c=64,k=256,act=none", "1 reduction step(s) of 64 channels without a persistent grid", "0"),
+    ("n=32,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3", "a stem's cells", None)])
+def test_rule_leaves_to_the_template_where_it_measured_slower(monkeypatch, case, why, persist):
+    """By default (TVM_B2B_HOPPER unset or 1): where cuda_conv's kernel measured faster, its rule takes the conv, and its
+    plan says why not this kernel (`report` shows it); TVM_B2B_HOPPER=all takes it anyway. A 1-step conv only without
+    its persistent grid (TVM_B2B_HOPPER_PERSIST=0)."""
     spec, info = spec_of(case), target_info(SM90)
     monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
+    if persist is not None:
+        monkeypatch.setenv(hopper.PERSIST_ENV, persist)
     assert why in hopper.RULE.can_implement(spec, info)
     assert rule_for(SM90, "conv2d", spec).name != hopper.RULE.name
     assert plan(spec, SM90).passed_over.startswith("Hopper TMA + wgmma: ") and why in plan(spec, SM90).passed_over
@@ -97,12 +104,16 @@ def test_rule_leaves_to_the_template_where_it_measured_slower(monkeypatch, case,
 
 
 def test_rule_is_on_by_default_on_sm90_only(monkeypatch):
-    """ResNet-50's batch-32 convs of 2+ reduction steps (3x3s, the 1x1s of 128+ channels) run on the Hopper kernel
-    by default; TVM_B2B_HOPPER=0 turns it off, and sm_80 has no wgmma: cuda_conv's kernel, with the reason."""
+    """ResNet-50's batch-32 convs other than the stem (3x3s, 1x1s, strided 1x1s) run on the Hopper kernel by default;
+    TVM_B2B_HOPPER=0 turns it off, and sm_80 has no wgmma: cuda_conv's kernel, with the reason."""
     info = target_info(SM90)
     monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
+    monkeypatch.delenv(hopper.PERSIST_ENV, raising=False)
     for case in ("n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "n=32,h=28,w=28,c=128,k=512,residual=1",
-                 "n=32,h=7,w=7,c=2048,k=512", "n=32,h=56,w=56,c=128,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1"):
+                 "n=32,h=7,w=7,c=2048,k=512", "n=32,h=56,w=56,c=128,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1",
+                 # measured faster persistent: a 1-step 1x1 and the strided 1x1s (subsampled map) of batch 32
+                 "n=32,h=56,w=56,c=64,k=256,act=none", "n=32,h=56,w=56,c=256,k=512,stride=2,act=none",
+                 "n=32,h=14,w=14,c=1024,k=2048,stride=2,act=none"):
         assert hopper.RULE.can_implement(spec_of(case), info) is None, case
     spec = spec_of("n=32,h=14,w=14,c=1024,k=256")
     planned = plan(spec, SM90)
@@ -114,14 +125,26 @@ def test_rule_is_on_by_default_on_sm90_only(monkeypatch):
 
 
 @pytest.mark.parametrize("case,config", [
-    ("n=32,h=28,w=28,c=128,k=512,residual=1", "bm=128,bn=256,stages=4"),  # 2 steps: 256 channels a block
+    ("n=32,h=28,w=28,c=128,k=512,residual=1", "bm=128,bn=256,stages=4,persist=1"),  # 2 steps: 256 channels a block
     ("n=32,h=7,w=7,c=2048,k=512", "bm=64,bn=128,stages=4"),  # 52 blocks of 128 pixels: 64-pixel ones
-    ("n=32,h=14,w=14,c=256,k=1024,residual=1", "bm=128,bn=128,stages=4"),
+    ("n=32,h=14,w=14,c=256,k=1024,residual=1", "bm=128,bn=128,stages=4,persist=1"),
+    ("n=32,h=28,w=28,c=512,k=1024,stride=2,act=none", "bm=64,bn=128,stages=4,persist=1"),  # 8 steps: the most persistent
+    ("n=32,h=14,w=14,c=1024,k=256", "bm=64,bn=128,stages=4"),  # 16 steps
     ("n=32,h=14,w=14,c=256,k=256,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=128,stages=4")])  # 4 rows of 14 fill 64
-def test_default_config(case, config):
+def test_default_config(monkeypatch, case, config):
     """The configs measured fastest on the H200 (bench/results/convs_h200_s15_hopper_configs.txt): 256 channels for a
-    reduction of 1-2 steps, 64 pixels where 128 leave SMs idle or whole rows fit 64 as well."""
-    assert hopper.default_config(spec_of(case)) == hopper.HopperConfig.parse(config)
+    reduction of 1-2 steps, 64 pixels where 128 leave SMs idle or whole rows fit 64 as well; a persistent grid for a
+    reduction of up to 8 steps (H100, bench/results/convs_persist{0,1}_h100_s32.txt). TVM_B2B_HOPPER_PERSIST=0 or 1
+    sets persist for every conv."""
+    monkeypatch.delenv(hopper.PERSIST_ENV, raising=False)
+    want = hopper.HopperConfig.parse(config)
+    assert hopper.default_config(spec_of(case)) == want
+    for forced in (0, 1):
+        monkeypatch.setenv(hopper.PERSIST_ENV, str(forced))
+        assert hopper.default_config(spec_of(case)) == dataclasses.replace(want, persist=forced)
+    monkeypatch.setenv(hopper.PERSIST_ENV, "yes")
+    with pytest.raises(ValueError, match="TVM_B2B_HOPPER_PERSIST=yes: 0 or 1"):
+        hopper.default_config(spec_of(case))
 
 
 def test_kc_weights_are_each_output_channels_row():
@@ -223,7 +246,7 @@ def test_stem_packs_four_taps_a_step_and_compiles(hopper_on, monkeypatch, tmp_pa
     """narrow_taps: ResNet-50's 7x7/2 stem (3 channels) runs as its space-to-depth 4x4 conv of 16-channel cells, w as
     (64, 256): each step 4 boxes of x (a kernel row's 4 taps) into the 4 parts of its buffer, wgmma reading them through
     32-byte-swizzle descriptors (8 rows 256 bytes apart: SBO 16) and w's through the 128-byte one (SBO 64); nvcc
-    compiles it. The default policy (TVM_B2B_HOPPER=1) leaves it to the mma.sync kernel until it is timed."""
+    compiles it. The default policy (TVM_B2B_HOPPER=1) leaves it to the mma.sync kernel, measured faster there."""
     spec = spec_of("n=32,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3")
     kernel = build(spec, "cuda:sm_90", db=None)
     assert kernel.func_names == ["conv2d_wgmma"] and kernel.input_form == InputForm(cells=True, channels=16, weights="kc")
@@ -234,7 +257,7 @@ def test_stem_packs_four_taps_a_step_and_compiles(hopper_on, monkeypatch, tmp_pa
     assert source.count(", 1, 16, 1);") == 4 and source.count(", 1, 64, 3);") == 4  # x's 4 k-slices, w's
     compiles_for_sm90a(source, tmp_path)
     monkeypatch.setenv(hopper.ENABLE_ENV, "1")
-    assert "not yet timed" in hopper.RULE.can_implement(spec, target_info(SM90))
+    assert "the mma.sync kernel measured faster" in hopper.RULE.can_implement(spec, target_info(SM90))
 
 
 @pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7] + CASES[10:11])

@@ -46,10 +46,12 @@ from ..target import max_shared_bytes
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
 PRODUCER_ENV = "TVM_B2B_HOPPER_PRODUCER"  # "warpgroup" (default) or "warp": the producer's threads (producer_threads)
-PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1": a conv's default config takes a persistent grid (persistent_grid); "0" (default)
+PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1" / "0": every conv's default config takes a persistent grid / none (unset:
+# persist_default's measured rule)
 SB_ENV = "TVM_B2B_HOPPER_SB"  # "shared": the epilogues read scale and bias from shared memory (scale_bias_bytes); "global"
 SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
 MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
+PERSIST_MAX_STEPS = 8  # reduction steps up to which a persistent grid measured faster (persist_default)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
 WGMMA_K = 16
 SWIZZLE_128B = 3  # CUtensorMapSwizzle's and the wgmma descriptor's code of the 128-byte swizzle
@@ -188,27 +190,28 @@ def halo_wins(spec: ConvSpec) -> bool:
 
 
 def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
-    """Where cuda_conv's kernel measured faster than this one (H200, bench/results/convs_h200_s15_hopper*.txt), or None:
-    - fewer blocks than half the SMs (batch 1: 7x7 2048->512, 14.1 vs 6.9 us; 3x3 7x7 512, 17.1 vs 10.2; 56x56
-      256->64, 25 blocks, 4.5 vs 3.5; at batch 32 the fewest, 100 blocks, win):
-      its split-K spreads a long reduction over more SMs, and its smaller tiles make more blocks;
-    - fewer than MIN_STEPS reduction steps (a 1x1 of 64 channels, 56x56 64->256 at batch 32: 33.8 vs 28.9 us): each
-      block's epilogue (its whole output tile through shared memory) then outweighs its mainloop, and this kernel
-      does not overlap the two;
-    - a strided 1x1 (56x56 256->512 stride 2: 31.6 vs 31.0 us at batch 32, 6.7 vs 4.8 at batch 1), measured when TMA's
-      strided traversal read x (the subsampled map that reads it now, and the persistent grid, are not timed yet:
-      `bash bench/gpu_session.sh persistab` measures both against the mma.sync kernel);
-    - a narrow conv (narrow_taps: a stem's space-to-depth cells), not yet timed (persistab's convs include the stem)."""
+    """Where cuda_conv's kernel measured faster than this one, or None:
+    - fewer blocks than half the SMs (H200, bench/results/convs_h200_s15_hopper*.txt; batch 1: 7x7 2048->512, 14.1 vs
+      6.9 us; 3x3 7x7 512, 17.1 vs 10.2; 56x56 256->64, 25 blocks, 4.5 vs 3.5; at batch 32 the fewest, 100 blocks,
+      win): its split-K spreads a long reduction over more SMs, and its smaller tiles make more blocks;
+    - fewer than MIN_STEPS reduction steps where the default config has no persistent grid (persist_default; a 1x1 of
+      64 channels, H200, 56x56 64->256 at batch 32: 33.8 vs 28.9 us): each block's epilogue (its whole output tile
+      through shared memory) then outweighs its mainloop, and only a persistent grid overlaps the two (H100, batch 32,
+      same session: 27.8 us persistent, 30.4 for the mma.sync kernel in ResNet-50; 56x56 64->64 8.3 us, its roofline);
+    - a narrow conv (narrow_taps: a stem's space-to-depth cells; H100, ResNet-50's at batch 32: 72.9 us, 56.8 for the
+      mma.sync kernel in the model, bench/results/convs_persist0_h100_s32.txt and e2e_persist_0_h100_s32_breakdown.txt).
+    A strided 1x1 (ResNet's downsampling, read through its subsampled map) runs here: H100, batch 32, 27.6, 24.9 and
+    21.9 us (56x56/2 256->512, 28x28/2 512->1024, 14x14/2 1024->2048) against 31.0, 28.7 and 35.5 for the mma.sync
+    kernel in the model (the same files)."""
     if blocks < SM90_SMS // 2:
         return (f"{blocks} blocks, fewer than half of sm_90's {SM90_SMS} SMs: the mma.sync kernel (split-K) "
                 "measured faster at such sizes")
-    if steps(spec) < MIN_STEPS:
-        return (f"{steps(spec)} reduction step(s) of {BK} channels: the epilogue dominates, where the mma.sync kernel "
-                "measured faster")
-    if spec.kh * spec.kw == 1 and spec.stride > 1:
-        return f"a strided 1x1 conv (stride {spec.stride}): the mma.sync kernel measured faster"
+    if steps(spec) < MIN_STEPS and not persist_default(spec):
+        return (f"{steps(spec)} reduction step(s) of {BK} channels without a persistent grid: the epilogue dominates, "
+                "where the mma.sync kernel measured faster")
     if narrow_taps(spec) > 1:
-        return f"a conv of {spec.c} channels (a stem's cells) in {narrow_taps(spec)} taps a step: not yet timed"
+        return (f"a conv of {spec.c} channels (a stem's cells) in {narrow_taps(spec)} taps a step: the mma.sync kernel "
+                "measured faster (H100, ResNet-50's stem at batch 32: 56.8 against 72.9 us)")
     return None
 
 
@@ -227,16 +230,26 @@ def scale_bias_bytes(bn: int, k2s: int, persist: bool) -> int:
     """Shared memory for the scale and bias that a block's epilogues read, bulk-copied with its (tile's) first step
     rather than loaded from global memory by the epilogue (whose FFMAs then wait on them: Nsight Compute's source page,
     bench/results/ncu_source_h100_s28.txt): a persistent conv's two copies of its tile's bn channels (always); with
-    TVM_B2B_HOPPER_SB=shared (not yet timed: "global", the default, keeps the loads) a conv's bn channels, or the pair's
-    bn of mid and k2s of its output."""
+    TVM_B2B_HOPPER_SB=shared a conv's bn channels, or the pair's bn of mid and k2s of its output ("global", the default,
+    keeps the loads: shared measured slower on most of ResNet-50's batch-32 convs, H100, 3x3 28x28/2 256 25.4 against
+    19.3 us, bench/results/convs_persistsb_h100_s32.txt against convs_persist0_h100_s32.txt)."""
     if persist:
         return 16 * bn
     return 8 * (bn + k2s) if switch_value(SB_ENV, "global", ("global", "shared")) == "shared" else 0
 
 
-def persist_default() -> int:
-    """HopperConfig.persist of a conv's default config: TVM_B2B_HOPPER_PERSIST (0 unless set: not yet measured)."""
-    return int(switch_value(PERSIST_ENV, "0", ("0", "1")))
+def persist_default(spec: ConvSpec) -> int:
+    """HopperConfig.persist of a conv's default config: 1 where its reduction has at most PERSIST_MAX_STEPS steps, whose
+    epilogue (the whole output tile through shared memory, then TMA) is then a large part of a block's time and the
+    persistent grid overlaps it with the next tile's loads; TVM_B2B_HOPPER_PERSIST=1 or 0 sets it for every conv.
+    H100, ResNet-50's batch-32 convs (bench/results/convs_persist{0,1}_h100_s32.txt, same run): of up to 8 steps every
+    one faster, 1.06-1.55x (56x56 64->256 36.9 -> 27.8 us, 14x14 256->1024 +r 18.0 -> 11.6, 28x28 512->256 21.5 ->
+    16.1, 56x56/2 256->512 29.5 -> 27.6); of 16 or more slower or even (14x14 1024->256 9.9 -> 12.6, 14x14/2
+    1024->2048 21.9 -> 25.3, 28x28/2 3x3 256 19.3 -> 23.1, 7x7 3x3 512 22.2 -> 21.3): a long mainloop gains more from
+    the two blocks an SM of a grid a tile than from overlapping its epilogue. (Every conv persistent: ResNet-50 batch 32
+    1147.0 against 1170.3 us, bench/results/e2e_persist_{1,0}_h100_s32.txt.)"""
+    forced = switch_value(PERSIST_ENV, None, ("0", "1"))
+    return int(forced) if forced is not None else int(steps(spec) <= PERSIST_MAX_STEPS)
 
 
 def switch_value(name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
@@ -255,7 +268,7 @@ def default_config(spec: ConvSpec) -> HopperConfig:
     bn = 256 if steps(spec) <= 2 and spec.k % 256 == 0 else 128 if spec.k % 128 == 0 else 64
     if halo_wins(spec):
         return HopperConfig.default(bm=128, bn=bn, halo=1)
-    persist = persist_default()
+    persist = persist_default(spec)
     if flat(spec):
         return HopperConfig.default(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn, persist=persist)
     if spec.wo > 64:
