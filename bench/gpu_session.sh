@@ -365,7 +365,7 @@ case "$1" in
               # mma = the mma.sync kernel (TVM_B2B_HOPPER=0), else TMA + wgmma (=all) with TVM_B2B_HOPPER_PERSIST=MODE, or sb =
               # TMA + wgmma with TVM_B2B_HOPPER_SB=shared; default configs
     if [ "${TESTS:-1}" = 1 ]; then
-      timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride or kw=2" \
+      timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py -k "persist or stride or None" \
         2>&1 | tail -4
       timeout 100 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k switches \
         2>&1 | tail -4
