@@ -39,6 +39,9 @@
 #   [MODES="mma 0 1 sb" CASES="--spec SPEC ..." TESTS=0] bash bench/gpu_session.sh persistab   the Hopper conv's persistent grid: GPU
 #                                            tests, ResNet-50's unfused batch-32 convs on mma.sync, then TMA + wgmma without and with
 #                                            it (sb: without, scale and bias from shared memory, TVM_B2B_HOPPER_SB=shared)
+#   bash bench/gpu_session.sh pairpersist    the Hopper pair's persistent form: its GPU tests, then ResNet-50's batch-32 pairs (the
+#                                            dense sweep, the strided ones) with the default config and with TVM_B2B_HOPPER_PERSIST=1
+#                                            (persistent where not in the halo form), against the two convs as a model now runs them
 #   [VAR=SWITCH MODES="1 0"] bash bench/gpu_session.sh enve2e NAME:BATCH,...   bench_e2e with a switch (default
 #                                            TVM_B2B_HOPPER_PERSIST) at each of MODES
 #   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (once a stem idea; the
@@ -378,6 +381,16 @@ case "$1" in
         | tee "$out/convs_persist$mode.txt" | grep -v "^\s*$" \
         | grep -v "^  best" | sed 's/,kh=1,kw=1,stride=1,pad_h=0,pad_w=0//; s/,dtype=float16//' | cut -c1-150
     done
+    ;;
+  pairpersist)  # the Hopper pair's persistent form (persist=1): GPU tests vs numpy, then the pairs' default config against
+                # it (TVM_B2B_HOPPER_PERSIST=1 on the default) and the two convs (singles: the convs' defaults, persistent by
+                # their rule), numpy-checked (~4 min)
+    timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_pair.py -k "persist" 2>&1 | tail -4
+    TVM_B2B_HOPPER_PAIR=all timeout "${LIMIT:-300}" python3 bench/bench_fused.py $(dense_pair_cases) \
+      --case n=32,h=56,w=56,c=128,k1=128,k2=512,stride=2,residual=1,dtype=float16 \
+      --case n=32,h=28,w=28,c=256,k1=256,k2=1024,stride=2,residual=1,dtype=float16 \
+      --singles --config default --config TVM_B2B_HOPPER_PERSIST=1:default --json "$out/fused_pairpersist.json" 2>&1 \
+      | tee "$out/fused_pairpersist.txt" | grep -v "^\s*$" | cut -c1-170
     ;;
   enve2e)  # bench_e2e with the switch VAR (default TVM_B2B_HOPPER_PERSIST) at each of MODES (default "1 0"), the rest as shipped
     var=${VAR:-TVM_B2B_HOPPER_PERSIST}

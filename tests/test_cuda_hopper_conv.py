@@ -422,14 +422,16 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
 @pytest.mark.parametrize("case,config", [(0, None), (2, None), (3, None), (7, None), (10, None), (0, "pair"), (3, "pair"),
                                          (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair"),
                                          (15, None), (16, None), (17, None), (18, None), (19, None), (20, None), (21, None),
-                                         (22, None), (23, None), (24, None), (25, None), (8, "pair")])
+                                         (22, None), (23, None), (24, None), (25, None), (8, "pair"), (9, "pair"),
+                                         (10, "pair"), (11, "pair"), (12, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
     own maps and coordinates, computes the conv (and a pair, in its cluster form too: each rank's slice of mid pushed
     into its peers', each rank's share of k2; a persistent grid's blocks, several tiles each, their shared memory kept
-    from tile to tile; a narrow conv's taps packed into a step, rows of 32 or 64 bytes) within fp16 rounding, and
-    writes every output."""
+    from tile to tile, a persistent pair's chunks alternating output tiles across its tiles and each residual read
+    where chunk_origin says; a narrow conv's taps packed into a step, rows of 32 or 64 bytes) within fp16 rounding,
+    and writes every output."""
     import os
     import sys
 

@@ -43,6 +43,15 @@ CLUSTER_CASES = [("n=2,h=7,w=7,c=512,k1=512,k2=1024,residual=1", None),
                  ("n=2,h=14,w=14,c=64,k1=128,k2=256,residual=1", "bm=128,bn=64,stages=3,halo=1,cs=2"),
                  ("n=1,h=9,w=9,c=72,k1=512,k2=512,act2=none", "bm=64,bn=64,stages=2,cs=8")]
 
+# a persistent grid (persist=1: every block loops over pixel tiles, its output tiles and residual loads alternating on
+# across them), blocks taking 1-4 tiles each: 4 chunks +residual (one producer warp: 56x56 64->64->256 +r, 896 tiles on
+# 264 blocks), one chunk +residual (the two output tiles alternate from tile to tile; 960 on 396), 2 chunks without
+# (512 on 264), a strided 3x3 of k1 = 128 (512 on 264)
+PERSIST_CASES = [("n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1", "bm=128,bn=64,stages=3,warp=1,persist=1"),
+                 ("n=64,h=30,w=29,c=64,k1=64,k2=64,residual=1", "bm=64,bn=64,stages=3,persist=1"),
+                 ("n=128,h=20,w=20,c=72,k1=64,k2=128,act2=none", "bm=128,bn=64,stages=2,persist=1"),
+                 ("n=128,h=28,w=28,c=128,k1=128,k2=256,stride=2,residual=1", "bm=64,bn=128,stages=3,persist=1")]
+
 
 def spec_of(text: str) -> FusedConvSpec:
     return FusedConvSpec.parse(text + ",dtype=float16")
@@ -181,8 +190,48 @@ def test_cluster_form_has_its_instructions_and_compiles(hopper_on, tmp_path, cas
     compiles_for_sm90a(source, tmp_path)
 
 
+def test_persistent_pair_configs(monkeypatch):
+    """persist=1 in the taps' form outside the cluster form (its second output tile in shared memory of its own: the
+    producer refills x's buffers meanwhile); tuning searches it; not a default, but where TVM_B2B_HOPPER_PERSIST=1
+    (there in the taps' form only)."""
+    spec = spec_of("n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1")
+    halo_form = spec_of("n=32,h=56,w=56,c=64,k1=64,k2=128")
+    monkeypatch.delenv(hopper_conv.PERSIST_ENV, raising=False)
+    assert not pair.default_config(spec).persist and not pair.default_config(halo_form).persist
+    monkeypatch.setenv(hopper_conv.PERSIST_ENV, "1")
+    assert pair.default_config(spec).persist and not pair.default_config(halo_form).persist
+    assert pair.default_config(halo_form).halo
+    cfg = pair.HopperConfig(bm=128, bn=64, stages=3, warp=1)
+    persistent = dataclasses.replace(cfg, persist=1)
+    assert pair.pair_config_problem(spec, persistent) is None
+    assert pair.shared_bytes(spec, persistent) == pair.shared_bytes(spec, cfg) + 128 * 64 * 2
+    assert "taps' form" in pair.pair_config_problem(spec, dataclasses.replace(persistent, halo=1))
+    wide = spec_of("n=2,h=7,w=7,c=512,k1=512,k2=1024,residual=1")
+    assert "cluster form" in pair.pair_config_problem(wide, pair.HopperConfig(bm=64, bn=128, stages=3, cs=4, persist=1))
+    assert pair.RULE.searched(spec)["persist"] == (0, 1)
+
+
+@pytest.mark.parametrize("case,config", PERSIST_CASES[:2])
+def test_persistent_pair_loops_over_its_tiles_and_compiles(hopper_on, tmp_path, case, config):
+    """A grid of as many blocks as the SMs hold (resident_blocks at pair_registers, 2 or 3 an SM; __launch_bounds__
+    holds nvcc to them), each looping over its tiles (896 on 264 blocks, 960 on 396); nvcc compiles it for sm_90a."""
+    spec = spec_of(case)
+    source = build(spec, "cuda:sm_90", config=config, db=None).source()
+    cfg = pair.RULE.parse_config(config)
+    threads, tiles = hopper_conv.block_threads(cfg), pair.Tiling(pair.conv3x3_spec(spec), cfg.bm).blocks
+    registers = hopper_conv.pair_registers(spec.k1 // 2, cfg.bn // 2)
+    resident = hopper_conv.resident_blocks(pair.shared_bytes(spec, cfg), threads, registers)
+    grid = 132 * resident
+    assert resident in (2, 3) and tiles > grid and f"__launch_bounds__({threads}, {resident})" in source
+    # the producer's loop and the consumers' over the block's tiles: (tiles - b + grid - 1) // grid
+    assert len(re.findall(r"for \(int it\w* = 0; it\w* < \(\(" + f"{tiles + grid - 1} - \\(\\(int\\)blockIdx.y\\)\\) / {grid}\\)",
+                          source)) == 2
+    assert source.count("cp.async.bulk.wait_group.read 0") == 1  # the block's last chunk's store
+    compiles_for_sm90a(source, tmp_path)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case,config", CASES + CLUSTER_CASES)
+@pytest.mark.parametrize("case,config", CASES + CLUSTER_CASES + PERSIST_CASES)
 def test_kernel_matches_numpy_on_hopper(hopper_on, case, config):
     """On an sm_90 GPU: within the op's float16 tolerance of numpy (op.reference.TOLERANCES), every pixel written."""
     skip_unless_sm90()
@@ -250,7 +299,7 @@ def test_a_config_picks_the_kernel_it_was_made_for(monkeypatch):
 # residual in 4 chunks, in the halo form, in a cluster of 2 (its rank's slice of s and share of s2)
 SB_CASES = [("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", None),
             ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=128,bn=64,stages=3,halo=1"),
-            CASES[0], CASES[7], CLUSTER_CASES[1]]
+            CASES[0], CASES[7], CLUSTER_CASES[1], PERSIST_CASES[1]]
 
 
 @pytest.mark.parametrize("case,config", SB_CASES)

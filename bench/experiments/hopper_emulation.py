@@ -161,8 +161,15 @@ def emulate(spec, cfg, second=None, rng=None):
     w_at = xs * x_rows * BK
     y_at = w_at + stages * b_rows * BK
     pool = y_at + bm * bn2
+    y2_at = pool  # a persistent pair's other output tile (its chunks alternate: the kernel's second_tile_apart)
+    pool += bm * bn2 if fused and cfg.persist else 0
     mid_at = pool  # the cluster's mid (bm rows x k1 in 64-channel boxes), each block's slice and its peers' copies
     pool += bm * k if ranks > 1 else 0
+    threads = H.block_threads(cfg)
+    resident = H.resident_blocks(pool * 2, threads, H.pair_registers(bn // 2, bn2 // 2)) if fused else H.resident_of(spec, cfg)
+    tiles = k // bn * tiling.blocks
+    grid = H.persistent_grid(tiles, resident, EMULATED_SMS)
+    chunk_count = {}  # a persistent pair block's chunks so far (the kernel's j: its output tile j % 2, residual order)
     residual = second.residual if fused else bool(spec.residual)
     act1, act2 = spec.act, (second.act if fused else spec.act)
 
@@ -183,7 +190,7 @@ def emulate(spec, cfg, second=None, rng=None):
         assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
 
     resident = {}  # a persistent grid's blocks: their shared memory, which stays from tile to tile
-    for bi, visits in pixel_blocks(spec, cfg, tiling, fused):
+    for bi, visits in pixel_blocks(spec, cfg, tiling, grid):
         blocks = {}  # the cluster's blocks (rank bk: its shared memory, its mid registers) after their first GEMM
         for bk, block in visits:
             # uninitialised: NaN, to catch reads of unwritten rows (a persistent block's: what its last tile left)
@@ -262,6 +269,12 @@ def emulate(spec, cfg, second=None, rng=None):
                     peer[at: at + bm * bn] = smem[at: at + bm * bn]
         for bk, (smem, mid) in blocks.items():
             c2 = bk * k2s  # the block's first output channel
+            block = visits[0][1]  # (a persistent grid's)
+            if block is not None and block not in chunk_count:  # its first and second chunks' residuals, at its start
+                chunk_count[block] = 0
+                for j in range(min(2, H.tiles_of(block, grid, tiles) * chunks) if residual else 0):
+                    pixel_block, channel = H.chunk_origin(block, j, chunks, grid, bn2)
+                    load_residual(smem, rf, ym, (y_at, y2_at)[j], bm, bn2, [channel, *tiling.origin(pixel_block)])
             for jc in range(chunks):
                 acc2 = np.zeros((wgs * 64, bn2), np.float32)
                 for kc in range(k1_steps):
@@ -279,20 +292,27 @@ def emulate(spec, cfg, second=None, rng=None):
                             B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn2)
                             with np.errstate(invalid="ignore"):
                                 acc2[wg * 64:(wg + 1) * 64] = (acc2[wg * 64:(wg + 1) * 64] if kc * 4 + kk > 0 else 0) + A @ B.T
-                if residual:
+                j = chunk_count[block] if block is not None else None
+                tile_at = (y_at, y2_at)[j % 2] if block is not None else y_at
+                if residual and block is None:
                     load_residual(smem, rf, ym, y_at, bm, bn2, [c2 + jc * bn2, *tiling.origin(bi)])
                 for row, ch, val in fragments(acc2, cl2, wgs, bn2):
                     pre = val * s2[c2 + jc * bn2 + ch] + b2[c2 + jc * bn2 + ch]
                     out_row, pixel = tiling.tile_row(row)
                     if not pixel:
                         continue
-                    at = y_at + H.swizzled(out_row, ch, bm)
+                    at = tile_at + H.swizzled(out_row, ch, bm)
                     if residual:
                         smem[at] = np.float16(act(pre + smem[at], act2))
                     else:
                         smem[at] = np.float16(act(pre, act2))
                 for box in range(bn2 // 64):
-                    tma_store(y, smem, y_at + box * bm * 64, ym, [c2 + jc * bn2 + box * 64, *tiling.origin(bi)])
+                    tma_store(y, smem, tile_at + box * bm * 64, ym, [c2 + jc * bn2 + box * 64, *tiling.origin(bi)])
+                if block is not None:  # the kernel's order: chunk j + 1's residual once chunk j - 1's store has read its tile
+                    if residual and 0 < j and j + 1 < H.tiles_of(block, grid, tiles) * chunks:
+                        pixel_block, channel = H.chunk_origin(block, j + 1, chunks, grid, bn2)
+                        load_residual(smem, rf, ym, (y_at, y2_at)[(j + 1) % 2], bm, bn2, [channel, *tiling.origin(pixel_block)])
+                    chunk_count[block] = j + 1
 
     # reference
     top, left, bottom, right = spec.pads
@@ -313,15 +333,14 @@ def emulate(spec, cfg, second=None, rng=None):
     return y, ref
 
 
-def pixel_blocks(spec, cfg, tiling, fused: bool):
+def pixel_blocks(spec, cfg, tiling, grid: int):
     """[(pixel block, [(channel block, persistent block or None), ...]), ...] in the order the kernel's blocks take
     them: every channel block of each pixel block (a block a tile; the pair's cluster), or a persistent grid's blocks'
-    tiles (persist=1: tile_at), each tile once (asserted)."""
+    tiles (persist=1: tile_at; the pair's, one channel block), each tile once (asserted)."""
     channel_blocks = spec.k // cfg.bn
-    if not cfg.persist or fused:
+    if not cfg.persist:
         return [(bi, [(bk, None) for bk in range(channel_blocks)]) for bi in range(tiling.blocks)]
     tiles = channel_blocks * tiling.blocks
-    grid = H.persistent_grid(tiles, H.resident_of(spec, cfg), EMULATED_SMS)
     order = [(b, *H.tile_at(b, it, grid, channel_blocks)) for b in range(grid) for it in range(H.tiles_of(b, grid, tiles))]
     assert sorted(bi * channel_blocks + bk for _, bk, bi in order) == list(range(tiles)), "persistent tiles"
     return [(bi, [(bk, b)]) for b, bk, bi in order]
@@ -386,7 +405,7 @@ CONVS = [
     ("n=2,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=2,pad_w=0,pad_bottom=0,pad_right=2", "bm=128,bn=64,stages=3,halo=1"),
     ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=1,pad_bottom=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
 ]
-PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
+PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo[, cs[, persist]]])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
     ("n=1,h=7,w=7,c=96,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 192, 64, False),
     ("n=1,h=9,w=10,c=64,k=256,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 128, True),
@@ -398,12 +417,18 @@ PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo])
     ("n=1,h=9,w=10,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 128, 3, 256, 64, False, 1, 2),
     # TensorFlow's "same" at stride 2 (0 above, 1 below): a Keras model's strided pair
     ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=0,pad_bottom=1,pad_right=1", 128, 3, 256, 128, True),
+    # persistent grids (EMULATED_SMS; persist last): 2 chunks +residual, 4 chunks (tiles of 2 rows, the last one ragged),
+    # 1 chunk +residual (the output tiles alternate from tile to tile), a strided 3x3
+    ("n=2,h=9,w=8,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 3, 128, 64, True, 0, 1, 1),
+    ("n=1,h=11,w=30,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 256, 64, False, 0, 1, 1),
+    ("n=3,h=7,w=7,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 64, 3, 64, 64, True, 0, 1, 1),
+    ("n=2,h=14,w=13,c=128,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 64, 3, 256, 128, True, 0, 1, 1),
 ]
 
 
-def pair_config(conv, bm: int, stages: int, halo: int = 0, cs: int = 1):
+def pair_config(conv, bm: int, stages: int, halo: int = 0, cs: int = 1, persist: int = 0):
     """The first GEMM's config of a PAIRS case: its block's channels of mid (all of k1, or a cluster rank's slice)."""
-    return H.HopperConfig(bm=bm, bn=conv.k // cs, stages=stages, halo=halo)
+    return H.HopperConfig(bm=bm, bn=conv.k // cs, stages=stages, halo=halo, persist=persist)
 
 
 def main() -> int:

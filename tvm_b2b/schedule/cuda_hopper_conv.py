@@ -46,8 +46,8 @@ from ..target import max_shared_bytes
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
 PRODUCER_ENV = "TVM_B2B_HOPPER_PRODUCER"  # "warpgroup" (default) or "warp": the producer's threads (producer_threads)
-PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1" / "0": every conv's default config takes a persistent grid / none (unset:
-# persist_default's measured rule)
+PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1" / "0": every default config takes a persistent grid where it can / none
+# (unset: a conv's by persist_default's measured rule, a pair's none)
 SB_ENV = "TVM_B2B_HOPPER_SB"  # "shared": the epilogues read scale and bias from shared memory (scale_bias_bytes); "global"
 SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
 MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
@@ -122,7 +122,7 @@ class HopperConfig:
     halo: int = 0  # 1: one box of x for all taps of a 64-channel step (Tiling's halo form), stride-1 convs
     warp: int = 0  # 1: the producer is one warp, not a warpgroup (producer_threads)
     cs: int = 1  # the fused pair's blocks a cluster: each computes k1 / cs channels of mid (cuda_hopper_pair)
-    persist: int = 0  # 1: a conv's blocks stay resident and loop over its tiles (persistent_grid)
+    persist: int = 0  # 1: the blocks stay resident and loop over the tiles (persistent_grid; a conv's or a pair's)
 
     def to_string(self) -> str:
         return f"bm={self.bm},bn={self.bn},stages={self.stages}" + (",halo=1" if self.halo else "") + (
@@ -248,8 +248,14 @@ def persist_default(spec: ConvSpec) -> int:
     1024->2048 21.9 -> 25.3, 28x28/2 3x3 256 19.3 -> 23.1, 7x7 3x3 512 22.2 -> 21.3): a long mainloop gains more from
     the two blocks an SM of a grid a tile than from overlapping its epilogue. (Every conv persistent: ResNet-50 batch 32
     1147.0 against 1170.3 us, bench/results/e2e_persist_{1,0}_h100_s32.txt.)"""
+    forced = persist_forced()
+    return forced if forced is not None else int(steps(spec) <= PERSIST_MAX_STEPS)
+
+
+def persist_forced() -> int | None:
+    """TVM_B2B_HOPPER_PERSIST as 0 or 1 (every default config's persist, where its kernel takes one), None where unset."""
     forced = switch_value(PERSIST_ENV, None, ("0", "1"))
-    return int(forced) if forced is not None else int(steps(spec) <= PERSIST_MAX_STEPS)
+    return None if forced is None else int(forced)
 
 
 def switch_value(name: str, default: str | None, choices: tuple[str, ...]) -> str | None:
@@ -407,13 +413,14 @@ def blocks_per_sm(dynamic_bytes: int) -> int:
 
 
 PERSIST_REGISTERS = 40  # a consumer thread's registers beside its accumulators (ptxas -v: 85 at 32 accumulators)
+PAIR_REGISTERS = 30  # the pair's beside mid's and the second GEMM's (ptxas -v: 74-78 at k1 = 64, bn2 = 64: 48 of them)
 
 
-def resident_blocks(dynamic_bytes: int, threads: int, acc_regs: int) -> int:
+def resident_blocks(dynamic_bytes: int, threads: int, regs: int) -> int:
     """The blocks of a persistent grid an SM holds: as shared memory holds them (blocks_per_sm), and as its 64K
-    registers do at acc_regs + PERSIST_REGISTERS a thread (nvcc is held to that: __launch_bounds__; more blocks than it
-    compiles for would not all be resident, and those left out would run after the others)."""
-    return max(1, min(blocks_per_sm(dynamic_bytes), 65536 // (threads * (acc_regs + PERSIST_REGISTERS))))
+    registers do at `regs` a thread (nvcc is held to that: __launch_bounds__; more blocks than it compiles for would
+    not all be resident, and those left out would run after the others)."""
+    return max(1, min(blocks_per_sm(dynamic_bytes), 65536 // (threads * regs)))
 
 
 def block_threads(cfg: HopperConfig) -> int:
@@ -423,7 +430,13 @@ def block_threads(cfg: HopperConfig) -> int:
 
 def resident_of(spec: ConvSpec, cfg: HopperConfig) -> int:
     """resident_blocks of a conv's config: its shared memory, threads and accumulators (bn / 2 a thread)."""
-    return resident_blocks(shared_bytes(spec, cfg), block_threads(cfg), cfg.bn // 2)
+    return resident_blocks(shared_bytes(spec, cfg), block_threads(cfg), cfg.bn // 2 + PERSIST_REGISTERS)
+
+
+def pair_registers(acc_regs: int, acc2_regs: int) -> int:
+    """A persistent pair's registers a thread: the first GEMM's accumulators, or mid's packed halves beside the second
+    GEMM's (the first's are dead by then), and PAIR_REGISTERS."""
+    return max(acc_regs, acc_regs // 2 + acc2_regs) + PAIR_REGISTERS
 
 
 def persistent_grid(tiles: int, blocks: int, sms: int = SM90_SMS) -> int:
@@ -444,6 +457,12 @@ def tile_at(b, it, grid: int, channel_blocks: int):
     tiles at once, which share pixel blocks (x's tile, from L2) as the channel blocks of a block a tile do."""
     t = b + it * grid
     return t % channel_blocks, t // channel_blocks
+
+
+def chunk_origin(block, j, chunks: int, grid: int, bn2: int):
+    """(pixel block, first output channel) of a persistent pair block's j-th chunk: chunk j % chunks of its tile
+    j // chunks (tile_at; the pair has one channel block, all of k1)."""
+    return tile_at(block, j // chunks, grid, 1)[1], j % chunks * bn2
 
 
 def steps(spec: ConvSpec) -> int:
@@ -507,11 +526,12 @@ def shared_bytes(spec: ConvSpec, cfg: HopperConfig) -> int:
     return (xs * x_rows + min(cfg.stages, steps(spec)) * cfg.bn) * BK * 2 + cfg.bm * cfg.bn * 2 + sb
 
 
-def second_tile_apart(x_elements: int, bm: int, bn2: int, chunks: int) -> bool:
+def second_tile_apart(x_elements: int, bm: int, bn2: int, chunks: int, persist: bool = False) -> bool:
     """Whether the pair's second output tile needs shared memory of its own. The pair's chunks alternate between two
     output tiles (one's TMA store runs on while the next chunk is computed); the second goes into x's buffers
-    (x_elements), which are free once the first GEMM is done, where they hold it."""
-    return chunks > 1 and bm * bn2 > x_elements
+    (x_elements), which are free once the first GEMM is done, where they hold it. Not in a persistent grid, whose
+    producer fills them with the next tile's steps meanwhile (and whose tiles' chunks alternate on: one chunk too)."""
+    return persist or (chunks > 1 and bm * bn2 > x_elements)
 
 
 def outputs(act, lo, hi, tiles, at, add_residual: bool):
@@ -614,21 +634,23 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     w_at = xs * x_rows * BK  # element offsets in the one dynamic shared allocation TVM allows, 1024-byte aligned
     y_at = w_at + stages * b_rows * BK
     pool = y_at + bm * bn2
-    y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks) else 0  # the pair's other output tile
+    persist = bool(cfg.persist)  # (persistent_grid; the pair's: outside the cluster form, its callers check)
+    y2_at = pool if fused and second_tile_apart(w_at, bm, bn2, chunks, persist) else 0  # the pair's other output tile
     pool += bm * bn2 if y2_at else 0
     mid_at = pool  # the cluster's mid (bm rows x k1, 64-channel boxes as x's tile): each block's slice, its peers' pushed in
     pool += bm * k if cluster else 0
     slice_bytes = bm * bn * 2  # a block's slice of mid
-    persist = bool(cfg.persist) and not fused  # (a conv's: persistent_grid)
-    channel_blocks = k // bn
+    channel_blocks = k // bn  # (the pair's: 1, a block computes all of k1)
     n_tiles = channel_blocks * tiling.blocks
-    resident = resident_of(spec, cfg) if persist else 1
+    acc2_regs = bn2 // 2 if fused else 1
+    resident = (resident_blocks(pool * 2, threads, pair_registers(acc_regs, acc2_regs)) if fused else resident_of(spec, cfg)
+                ) if persist else 1
     grid = persistent_grid(n_tiles, resident) if persist else 0
     # (one producer warp: as many blocks an SM as shared memory holds; a persistent grid: as it takes)
     min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
-    acc2_regs = bn2 // 2 if fused else 1
-    sb_floats = scale_bias_bytes(bn, k2s if fused else 0, persist) // 8  # each of s_tile and b_tile (0: none)
+    # (a persistent pair's tiles share their channels: one copy, with the first tile's first step)
+    sb_floats = scale_bias_bytes(bn, k2s if fused else 0, persist and not fused) // 8  # each of s_tile and b_tile (0: none)
     sb_step_bytes = 8 * (bn + (k2s if fused else 0)) if sb_floats else 0  # what a (tile's) first step copies of them
 
     def first_step_bytes(ko):
@@ -770,15 +792,16 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     chunk_loop = T.unroll if chunks <= 2 else T.serial
 
     @T.macro
-    def chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc):
+    def chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc, base):
         """Chunk jc's second GEMM: mid's registers times w2's tiles, k1_steps steps; a step's buffer released once its
-        wgmma are done (with 2+ buffers a step later, as the first GEMM's steps: the last one's after the loop).
+        wgmma are done (with 2+ buffers a step later, as the first GEMM's steps: the last one's after the loop). base:
+        the ring's steps of the block's earlier tiles (a persistent grid's; else 0).
         (Issuing the next chunk's GEMM into a second accumulator set before this chunk's epilogue measured slower: H100,
         56x56 64->64->256 +r 75.1 vs 69.6 us, 14x14 256->256->1024 +r 35.1 vs 31.3; its registers halve the blocks
         per SM at k1=64, bench/results/fused_envab_*_h100_s25.txt.)"""
         wg = T.meta_var(tx // 128)
         for kc in T.unroll(k1_steps):  # unrolled: mid's registers are named, not indexed
-            g = T.meta_var(n_steps + jc * k1_steps + kc)
+            g = T.meta_var(base + n_steps + jc * k1_steps + kc)
             T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
             T.ptx.wgmma.fence.sync.aligned()
             for kk in T.unroll(BK // WGMMA_K):
@@ -804,21 +827,24 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         if overlap:  # the chunk's last step
             T.ptx.wgmma.wait_group.sync.aligned(0)
             if tx % 32 == 0:
-                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps + (jc + 1) * k1_steps - 1) % stages]))
+                T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(base + n_steps + (jc + 1) * k1_steps - 1) % stages]))
 
     @T.macro
     def chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w, y_map, r_map, s2, b2, tx, bk, bi,
-                              jc):
-        """Chunk jc: its second GEMM, its epilogue into output tile jc % 2, its TMA store."""
-        y_tile = T.meta_var(out_tile(jc))
+                              jc, it, block):
+        """Chunk jc of pixel block bi: its second GEMM, its epilogue into output tile j % 2, its TMA store. j counts the
+        block's chunks: in a persistent grid (block: its index) across its tiles (`it`: this one), so that the output
+        tiles alternate and the residual's loads go on (the next tile's first chunk's too) from tile to tile."""
+        j = T.meta_var(it * chunks + jc if persist else jc)
+        y_tile = T.meta_var(out_tile(j))
         c2 = T.meta_var(out_channel(bk) + jc * bn2)  # the chunk's first output channel
         s2_at = T.meta_var(bn + jc * bn2 if sb_floats > 0 else c2)  # its scale's and bias's in s2 and b2 (s_tile's: after mid's)
-        chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc)
+        chunk_gemm(tiles, full, empty, acc2, mid, desc_x, desc_w, tx, jc, it * all_steps if persist else 0)
         for i in T.unroll(acc2_regs):
             T.cuda.func_call("tvm_b2b_fence_acc", acc2[i], source_code=FENCE_SOURCE)
-        if residual:  # chunk jc's residual tile (loaded once the store of chunk jc - 2 had read the tile)
-            T.cuda.mbarrier_wait(T.address_of(res_full[jc % 2]), jc // 2 % 2)
-        elif jc > 1:  # thread 0 has seen the store of chunk jc - 2 read this tile
+        if residual:  # chunk j's residual tile (loaded once the store of chunk j - 2 had read the tile)
+            T.cuda.mbarrier_wait(T.address_of(res_full[j % 2]), j // 2 % 2)
+        elif j > 1:  # thread 0 has seen the store of chunk j - 2 read this tile
             T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
         chunk_stores(tiles, acc2, s2, b2, tx, s2_at, y_tile)
         T.ptx.fence.proxy.async_.shared__cta()
@@ -828,12 +854,44 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 T.ptx[store](T.address_of(y_map), c2 + box * 64, *tiling.origin(bi),
                              T.address_of(tiles[y_tile + box * bm * 64]))
             T.ptx.cp.async_.bulk.commit_group()
-            if jc + 1 < chunks:
+            if persist:
+                if j + 1 < tiles_of(block, grid, n_tiles) * chunks:
+                    T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk j - 1's store has read the other tile
+                    if residual and j > 0:  # chunk j + 1's residual (the next tile's first's, after a last chunk), into it
+                        next_i, next_c = T.meta_var(chunk_origin(block, j + 1, chunks, grid, bn2))
+                        load_residual(tiles, r_map, res_full, next_i, out_tile(j + 1), next_c, (j + 1) % 2)
+                else:
+                    T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
+            elif jc + 1 < chunks:
                 T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
                 if residual and jc > 0:  # chunk jc + 1's residual, into it
                     load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), c2 + bn2, (jc + 1) % 2)
             else:
                 T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
+
+    @T.macro
+    def load_w2_step(tiles, full, w2_map, g, j, bk):
+        """The second GEMM's step j (of chunk j // k1_steps) into ring buffer g % stages: w2's tile."""
+        T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(bn2 * BK * 2))
+        T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w2_map), j % k1_steps * BK,
+                      out_channel(bk) + j // k1_steps * bn2, T.address_of(full[g % stages]))
+
+    @T.macro
+    def first_epilogue(tiles, acc, mid, s1, b1, s1_at, tx, bk):
+        """The pair's first epilogue: accumulator pair p (fragment), scale, bias, act, into one register of mid (two
+        fp16), or in the cluster form into the block's slice of mid in shared memory (bk * bn channels on), swizzled
+        as wgmma reads it."""
+        wg = T.meta_var(tx // 128)
+        for p in T.unroll(acc_regs // 2):
+            row, ch = T.meta_var(fragment(tx, wg, p))
+            lo = T.meta_var(acc[2 * p] * s1[s1_at + ch] + b1[s1_at + ch])
+            hi = T.meta_var(acc[2 * p + 1] * s1[s1_at + ch + 1] + b1[s1_at + ch + 1])
+            if cluster:
+                T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[mid_at + bk * bn * bm + swizzled(row, ch, bm)]),
+                                 act(lo), act(hi), source_code=STORE_SOURCE)
+            else:
+                mid[p] = T.cuda.func_call("tvm_b2b_pack_half2", act(lo), act(hi), source_code=PACK_SOURCE,
+                                          return_type="uint32")
 
     @T.prim_func
     def func(x_ptr: T.handle, w_ptr: T.handle, s_ptr: T.handle, b_ptr: T.handle, w2_ptr: T.handle, s2_ptr: T.handle,
@@ -910,19 +968,33 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         if residual and tx == 0:  # the (first chunk's or tile's) residual tile, read while the mainloop runs
             first_k, first_i = T.meta_var(first_tile(bk, bi))
             load_residual(tiles, r_map, res_full, first_i, y_at, out_channel(first_k), 0)
+            if persist and fused:  # and the block's second chunk's, into the other output tile (its own: y2_at)
+                if tiles_of(bi, grid, n_tiles) * chunks > 1:
+                    second_i, second_c = T.meta_var(chunk_origin(bi, 1, chunks, grid, bn2))
+                    load_residual(tiles, r_map, res_full, second_i, y2_at, second_c, 1)
         if wg == wgs:  # the producer: one thread issues every step's copies (step ko: tap ko // c_steps)
             if persist:  # tile after tile, the ring of buffers going on across them
                 if tx == wgs * 128:
                     for it in T.serial(tiles_of(bi, grid, n_tiles)):
                         tile_k, tile_i = T.meta_var(tile_at(bi, it, grid, channel_blocks))
-                        for ko in T.serial(n_steps):
-                            g = T.meta_var(it * n_steps + ko)
+                        for ko in T.serial(all_steps):  # (the pair's: its 3x3's steps, then its w2 tiles)
+                            g = T.meta_var(it * all_steps + ko)
                             if g >= stages:
                                 T.cuda.mbarrier_wait(T.address_of(empty[g % stages]), (g // stages + 1) % 2)
-                            load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, first_step_bytes(ko))
-                            if ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the last
-                                # tile's epilogue may still read the other)
-                                load_scale_bias(s, b, s2, b2, s_tile, b_tile, it % 2 * bn, tile_k, T.address_of(full[g % stages]))
+                            if fused:  # one copy of the scale and bias (if in shared memory), with the first tile's
+                                if ko < n_steps:
+                                    load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, first_step_bytes(g))
+                                    if sb_floats > 0:
+                                        if g == 0:
+                                            load_scale_bias(s, b, s2, b2, s_tile, b_tile, 0, 0, T.address_of(full[0]))
+                                else:
+                                    load_w2_step(tiles, full, w2_map, g, ko - n_steps, 0)
+                            else:
+                                load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, first_step_bytes(ko))
+                                if ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the
+                                    # last tile's epilogue may still read the other)
+                                    load_scale_bias(s, b, s2, b2, s_tile, b_tile, it % 2 * bn, tile_k,
+                                                    T.address_of(full[g % stages]))
             else:
                 if tx == wgs * 128:
                     for ko in T.serial(all_steps):
@@ -943,36 +1015,39 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                         elif ko < n_steps:
                             load_step(tiles, full, x_map, w_map, ko, ko, bk, bi, first_step_bytes(ko))
                         else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
-                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]), T.uint32(bn2 * BK * 2))
-                            T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w2_map),
-                                          (ko - n_steps) % k1_steps * BK, out_channel(bk) + (ko - n_steps) // k1_steps * bn2,
-                                          T.address_of(full[ko % stages]))
+                            load_w2_step(tiles, full, w2_map, ko, ko - n_steps, bk)
                         if sb_floats > 0:
                             if ko == 0:  # the block's scale and bias, with its first step
                                 load_scale_bias(s, b, s2, b2, s_tile, b_tile, 0, bk, T.address_of(full[0]))
         elif persist:  # the consumers: tile after tile
             for it in T.serial(tiles_of(bi, grid, n_tiles)):
                 tile_k, tile_i = T.meta_var(tile_at(bi, it, grid, channel_blocks))
-                first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, it * n_steps)  # noqa: F821
+                first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, it * all_steps)  # noqa: F821
                 T.ptx.wgmma.wait_group.sync.aligned(0)
-                if overlap and tx % 32 == 0:  # the tile's last step's buffer, for the next tile's steps
-                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(it * n_steps + n_steps - 1) % stages]))
+                if overlap and tx % 32 == 0:  # the tile's last step's buffer, for the next steps (tile's, or w2's)
+                    T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(it * all_steps + n_steps - 1) % stages]))
                 for i in T.unroll(acc_regs):
                     T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
-                if residual:  # the tile's residual, loaded once the last tile's store had read the output tile
-                    T.cuda.mbarrier_wait(T.address_of(res_full[0]), it % 2)
+                if fused:  # mid, then its chunks (their output tiles alternating on from the last tile's: j)
+                    first_epilogue(tiles, acc, mid, s1, b1, s1_at, tx, 0)
+                    for jc in chunk_loop(chunks):
+                        chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w,  # noqa: F821
+                                              y_map, r_map, s2_in, b2_in, tx, 0, tile_i, jc, it, bi)
                 else:
-                    if it > 0:  # thread 0 has seen the last tile's store read the output tile
-                        T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                conv_stores(tiles, acc, s_tile, b_tile, tx, it % 2 * bn, y_at)
-                T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
-                T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
-                if tx == 0:  # (the producer has gone on loading the next tile's steps meanwhile)
-                    store_tile(tiles, y_map, tile_k, tile_i)
-                    if residual:
-                        if it + 1 < tiles_of(bi, grid, n_tiles):  # the next tile's residual, into the output tile
-                            next_k, next_i = T.meta_var(tile_at(bi, it + 1, grid, channel_blocks))
-                            load_residual(tiles, r_map, res_full, next_i, y_at, next_k * bn, 0)
+                    if residual:  # the tile's residual, loaded once the last tile's store had read the output tile
+                        T.cuda.mbarrier_wait(T.address_of(res_full[0]), it % 2)
+                    else:
+                        if it > 0:  # thread 0 has seen the last tile's store read the output tile
+                            T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                    conv_stores(tiles, acc, s_tile, b_tile, tx, it % 2 * bn, y_at)
+                    T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
+                    T.ptx.bar.sync(T.uint32(CONSUMERS), T.uint32(consumers))
+                    if tx == 0:  # (the producer has gone on loading the next tile's steps meanwhile)
+                        store_tile(tiles, y_map, tile_k, tile_i)
+                        if residual:
+                            if it + 1 < tiles_of(bi, grid, n_tiles):  # the next tile's residual, into the output tile
+                                next_k, next_i = T.meta_var(tile_at(bi, it + 1, grid, channel_blocks))
+                                load_residual(tiles, r_map, res_full, next_i, y_at, next_k * bn, 0)
         else:
             first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, 0)  # noqa: F821
             T.ptx.wgmma.wait_group.sync.aligned(0)
@@ -986,16 +1061,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 T.cuda.mbarrier_wait(T.address_of(res_full[0]), 0)
             if not fused:
                 conv_stores(tiles, acc, s1, b1, tx, s1_at, y_at)
-            for p in T.unroll(acc_regs // 2 if fused else 0):
-                row, ch = T.meta_var(fragment(tx, wg, p))
-                lo = T.meta_var(acc[2 * p] * s1[s1_at + ch] + b1[s1_at + ch])
-                hi = T.meta_var(acc[2 * p + 1] * s1[s1_at + ch + 1] + b1[s1_at + ch + 1])
-                if cluster:  # into the block's slice of mid (bk * bn channels on), swizzled as wgmma reads it
-                    T.cuda.func_call("tvm_b2b_store_half2", T.address_of(tiles[mid_at + bk * bn * bm + swizzled(row, ch, bm)]),
-                                     act(lo), act(hi), source_code=STORE_SOURCE)
-                else:
-                    mid[p] = T.cuda.func_call("tvm_b2b_pack_half2", act(lo), act(hi), source_code=PACK_SOURCE,
-                                              return_type="uint32")
+            else:
+                first_epilogue(tiles, acc, mid, s1, b1, s1_at, tx, bk)
             if fused:  # the second GEMM: mid (its warpgroup's rows, registers) times w2's tiles, chunk by chunk of bn2
                 # every warpgroup's first GEMM done: x's buffers are free for the second output tile (y2_at)
                 if cluster:  # the slice's generic stores, visible to the async proxy (the copies below, wgmma)
@@ -1011,7 +1078,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     T.cuda.mbarrier_wait(T.address_of(mid_full[0]), 0)
                 for jc in chunk_loop(chunks):
                     chunk_second_epilogue(tiles, full, empty, res_full, acc2, mid, desc_x, desc_w,  # noqa: F821
-                                          y_map, r_map, s2_in, b2_in, tx, bk, bi, jc)
+                                          y_map, r_map, s2_in, b2_in, tx, bk, bi, jc, 0, bi)
         if not fused and not persist:
             T.ptx.fence.proxy.async_.shared__cta()  # the tile's generic-proxy writes, visible to the TMA store
             T.cuda.cta_sync()

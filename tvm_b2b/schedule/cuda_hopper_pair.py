@@ -8,6 +8,18 @@ per tap (each tap is one TMA box of x, or one box for all taps in the halo form:
 between two output tiles, so that a chunk's store and the next chunk's residual read run while the next chunk is
 computed. No public library has this kernel on Hopper (CUTLASS's fused example stops at sm_80).
 
+The persistent form (config persist=1, or TVM_B2B_HOPPER_PERSIST=1 for the default configs in the taps' form outside
+the cluster form; not a default: not yet timed): as the conv's persistent
+grid (cuda_hopper_conv.persistent_grid), as many blocks as the SMs hold (resident_blocks at pair_registers) loop over the
+pixel tiles, the producer's ring going on from a tile's 3x3 steps and w2 tiles to the next tile's, so that the next
+tile's loads run while the consumers do the last tile's chunks. The chunks' output tiles (two, the second in shared
+memory of its own: the producer refills x's buffers meanwhile) and residual loads alternate on across the tiles
+(chunk_origin: where the block's j-th chunk's residual comes from). It aims at the pairs whose chunks dominate a
+block's time (56x56 64->64->256 +r: 4 chunks of 64 output channels after a 9-step 3x3), as the conv's persistent
+grid won on convs whose epilogue does (persist_default). The index math is emulated (bench/experiments/
+hopper_emulation.py: chunks, residuals and output tiles across a block's tiles), nvcc builds it; GPU tests are written
+(test_cuda_hopper_pair.PERSIST_CASES); `tvm-b2b tune` searches it.
+
 The cluster form (config cs=2, 4 or 8; the default where k1 > 256, as ResNet-50's last stage, k1 = 512): a cluster
 of cs blocks owns a pixel tile; block rank r computes k1 / cs channels of mid (its slice) with the same mainloop, its
 epilogue writes them into its shared memory (mid whole, bm x k1, in x's swizzled 64-channel boxes), one thread bulk-
@@ -37,8 +49,8 @@ from ..op.compute import PairForm, conv3x3_spec
 from ..op.spec import FusedConvSpec
 from ..target import max_shared_bytes
 from .cuda_hopper_conv import (BK, CLUSTER_SIZES, SM90_SMS, HopperConfig, HopperRule, Second, Tiling, halo_problem, halo_wins,
-                               kernel_func, measured_slower, memory_problem, scale_bias_bytes, second_tile_apart, spec_problem,
-                               steps, x_buffers)
+                               kernel_func, measured_slower, memory_problem, persist_forced, scale_bias_bytes, second_tile_apart,
+                               spec_problem, steps, x_buffers)
 from .cuda_hopper_conv import default_config as conv_default
 
 PAIR_ENV = "TVM_B2B_HOPPER_PAIR"  # "1" or "all" (HopperRule): the fused pair on TMA + wgmma (off by default: see above)
@@ -66,7 +78,7 @@ def shared_bytes(spec: FusedConvSpec, cfg: HopperConfig) -> int:
     where x's buffers cannot hold it); mid stays in registers, or with a cluster (cs > 1) in shared memory, whole; the
     scale and bias where in shared memory (scale_bias_bytes)."""
     xs, x_rows = x_buffers(conv3x3_spec(spec), cfg)
-    tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.cs // cfg.bn)
+    tiles = 1 + second_tile_apart(xs * x_rows * BK, cfg.bm, cfg.bn, spec.k2 // cfg.cs // cfg.bn, bool(cfg.persist))
     stages = min(cfg.stages, steps(conv3x3_spec(spec)))
     mid = cfg.bm * spec.k1 if cfg.cs > 1 else 0
     sb = scale_bias_bytes(spec.k1 // cfg.cs, spec.k2 // cfg.cs, False)
@@ -91,7 +103,9 @@ def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     halo = bm == 128 and spec.k2 <= 2 * spec.k1 and halo_wins(first)
     cs = default_cluster(spec)
     warp = int(not halo and spec.k1 // cs <= 128)  # one producer warp where it measured faster (producer_threads)
-    cfg = HopperConfig.default(warp, bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo), cs=cs)
+    persist = int(persist_forced() == 1 and not halo and cs == 1)  # (TVM_B2B_HOPPER_PERSIST=1: not yet timed)
+    cfg = HopperConfig.default(warp, bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo), cs=cs,
+                               persist=persist)
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
         cfg = dataclasses.replace(cfg, stages=cfg.stages - 1)
     return cfg
@@ -114,7 +128,8 @@ def pair_config_problem(spec: FusedConvSpec, cfg: HopperConfig) -> str | None:
         spec.k2 // cfg.cs % cfg.bn and f"k2 / cs is not a multiple of bn={cfg.bn}") or (
         spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
         cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm)) or (
-        cfg.persist and "persist=1: a persistent grid is a single conv's") or None
+        cfg.persist and cfg.cs > 1 and f"persist=1: not in the cluster form (cs={cfg.cs})") or (
+        cfg.persist and cfg.halo and "persist=1 takes the taps' form (halo=0)") or None
 
 
 def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3_conv1x1_wgmma"):
@@ -215,8 +230,8 @@ class HopperPairRule(WrittenPairRule):
 
     def searched(self, spec: FusedConvSpec) -> dict[str, tuple]:
         """bn, the second GEMM's chunk, 64 or 128: 256 would hold 128 accumulator registers beside mid's; the cluster
-        sizes that split k1."""
-        return {**super().searched(spec), "bn": (64, 128), "cs": tuple(cluster_sizes(spec))}
+        sizes that split k1; a persistent grid or none (persist)."""
+        return {**super().searched(spec), "bn": (64, 128), "cs": tuple(cluster_sizes(spec)), "persist": (0, 1)}
 
 
 RULE = HopperPairRule()
