@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cuda_source import compiles_for_sm90a, kernels, skip_unless_sm90
 from tvm_b2b import ConvSpec, build
+from tvm_b2b import kernel as kernel_module
 from tvm_b2b.op import compare
 from tvm_b2b.op.conv import InputForm, conv_random_inputs, conv_reference
 from tvm_b2b.schedule import plan, rule_for
@@ -223,6 +224,16 @@ def test_persistent_grid_takes_each_tile_once(tiles, blocks):
     counts = [hopper.tiles_of(b, grid, tiles) for b in range(grid)]
     assert max(counts) - min(counts) <= 1 and grid == min(tiles, hopper.SM90_SMS * blocks)
     assert all(hopper.tile_at(b, it, grid, 4) == (t % 4, t // 4) for b, it, t in taken)
+
+
+def test_persistent_grid_is_sized_for_the_gpu_here(hopper_on, monkeypatch):
+    """A build on an sm_90 GPU of fewer SMs (an H100 PCIe: 114) launches as many persistent blocks as its SMs hold, not
+    132 an SM's worth (those beyond would run after the others, doubling the time); without one, 132 (sm90_count)."""
+    spec, cfg = spec_of("n=32,h=56,w=56,c=256,k=128,residual=1"), "bm=128,bn=128,stages=4,persist=1"
+    monkeypatch.setattr(hopper, "sm90_count", lambda: 114)
+    monkeypatch.setattr(kernel_module, "_BUILT", {})  # (builds are reused within a process: not this one)
+    source = build(spec, "cuda:sm_90", config=cfg, db=None).source()
+    assert "(897 - ((int)blockIdx.y)) / 114" in source  # the block's tiles: (784 - b + 113) // 114
 
 
 def test_persistent_kernel_loops_over_its_tiles_and_compiles(hopper_on, tmp_path):

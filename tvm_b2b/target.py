@@ -2,6 +2,7 @@
 or `llvm -mcpu=native`, a target JSON) and what our rules need to know of one (TargetInfo)."""
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -29,6 +30,18 @@ def has_cuda_gpu() -> bool:
 
 
 NO_GPU = "this machine has no CUDA GPU"
+SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200), assumed where no sm_90 GPU is here
+
+
+@functools.cache
+def sm90_count() -> int:
+    """The SMs of an sm_90 build's GPU: the GPU here where it is one (an H100 PCIe has 114), else SM90_SMS (a build
+    on a machine without it). A persistent grid of more blocks than the SMs hold would run the rest after them."""
+    import tvm
+
+    if has_cuda_gpu() and tvm.cuda(0).compute_version == "9.0":
+        return int(tvm.cuda(0).multi_processor_count)
+    return SM90_SMS
 
 
 def parse_target(text):

@@ -42,14 +42,13 @@ from dataclasses import dataclass, fields
 from ..lower import TIRX_ATTR
 from ..op.activation import activation
 from ..op.conv import ConvSpec, InputForm, space_to_depth, stem
-from ..target import max_shared_bytes
+from ..target import SM90_SMS, max_shared_bytes, sm90_count
 
 ENABLE_ENV = "TVM_B2B_HOPPER"  # "0": off (cuda_conv's kernel everywhere); "all": wherever it computes the spec
 PRODUCER_ENV = "TVM_B2B_HOPPER_PRODUCER"  # "warpgroup" (default) or "warp": the producer's threads (producer_threads)
 PERSIST_ENV = "TVM_B2B_HOPPER_PERSIST"  # "1" / "0": every default config takes a persistent grid where it can / none
 # (unset: a conv's by persist_default's measured rule, a pair's none)
 SB_ENV = "TVM_B2B_HOPPER_SB"  # "shared": the epilogues read scale and bias from shared memory (scale_bias_bytes); "global"
-SM90_SMS = 132  # SMs of the sm_90 GPUs measured (H100 SXM, H200)
 MIN_STEPS = 2  # reduction steps (64 channels each) below which the epilogue dominates (see measured_slower)
 PERSIST_MAX_STEPS = 8  # reduction steps up to which a persistent grid measured faster (persist_default)
 BK = 64  # reduction step: 64 fp16 = 128 bytes, one row of the 128B swizzle atom
@@ -443,7 +442,7 @@ def persistent_grid(tiles: int, blocks: int, sms: int = SM90_SMS) -> int:
     """persist=1: the blocks that stay resident, `blocks` an SM (resident_blocks), each computing tiles b, b + grid, ...
     (tile_at). A block's producer then loads its next tile's steps while its consumers finish the last one's epilogue
     and store (CUTLASS's persistent kernels): a block a tile leaves its SM idle while its first loads land and its
-    epilogue runs, one block an SM at 160 KiB."""
+    epilogue runs, one block an SM at 160 KiB. The kernel's sms: the GPU's where the build runs on one (sm90_count)."""
     return min(tiles, sms * blocks)
 
 
@@ -645,7 +644,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     acc2_regs = bn2 // 2 if fused else 1
     resident = (resident_blocks(pool * 2, threads, pair_registers(acc_regs, acc2_regs)) if fused else resident_of(spec, cfg)
                 ) if persist else 1
-    grid = persistent_grid(n_tiles, resident) if persist else 0
+    grid = persistent_grid(n_tiles, resident, sm90_count()) if persist else 0  # (sized for the GPU here, if any)
     # (one producer warp: as many blocks an SM as shared memory holds; a persistent grid: as it takes)
     min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
     consumers = 128 * wgs  # named barrier CONSUMERS: the consumer warpgroups alone (the producer runs on)
