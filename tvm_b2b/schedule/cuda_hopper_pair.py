@@ -9,16 +9,16 @@ between two output tiles, so that a chunk's store and the next chunk's residual 
 computed. No public library has this kernel on Hopper (CUTLASS's fused example stops at sm_80).
 
 The persistent form (config persist=1, or TVM_B2B_HOPPER_PERSIST=1 for the default configs in the taps' form outside
-the cluster form; not a default: not yet timed): as the conv's persistent
-grid (cuda_hopper_conv.persistent_grid), as many blocks as the SMs hold (resident_blocks at pair_registers) loop over the
-pixel tiles, the producer's ring going on from a tile's 3x3 steps and w2 tiles to the next tile's, so that the next
-tile's loads run while the consumers do the last tile's chunks. The chunks' output tiles (two, the second in shared
-memory of its own: the producer refills x's buffers meanwhile) and residual loads alternate on across the tiles
-(chunk_origin: where the block's j-th chunk's residual comes from). It aims at the pairs whose chunks dominate a
-block's time (56x56 64->64->256 +r: 4 chunks of 64 output channels after a 9-step 3x3), as the conv's persistent
-grid won on convs whose epilogue does (persist_default). The index math is emulated (bench/experiments/
-hopper_emulation.py: chunks, residuals and output tiles across a block's tiles), nvcc builds it; GPU tests are written
-(test_cuda_hopper_pair.PERSIST_CASES); `tvm-b2b tune` searches it.
+the cluster form; no default takes it: not yet timed), as the conv's (cuda_hopper_conv.persistent_grid): as many
+blocks as the SMs hold (resident_blocks at pair_registers) loop over the pixel tiles, the producer's ring going on
+from a tile's 3x3 steps and w2 tiles to the next tile's, so that the next tile's loads run while the consumers do the
+last tile's chunks. The chunks' output tiles (two, the second in shared memory of its own: the producer refills x's
+buffers meanwhile) and residual loads alternate on across the tiles (chunk_origin: where the block's j-th chunk's
+residual comes from). It aims at the pairs whose chunks dominate a block's time (56x56 64->64->256 +r: 4 chunks of
+64 output channels after a 9-step 3x3), as the conv's persistent grid won on convs whose epilogue does
+(persist_default). Its index math is emulated (bench/experiments/hopper_emulation.py: chunks, residuals and output
+tiles across a block's tiles), nvcc builds it, GPU tests are written (test_cuda_hopper_pair.PERSIST_CASES), `tvm-b2b
+tune` searches it, and `bash bench/gpu_session.sh pairpersist` measures it.
 
 The cluster form (config cs=2, 4 or 8; the default where k1 > 256, as ResNet-50's last stage, k1 = 512): a cluster
 of cs blocks owns a pixel tile; block rank r computes k1 / cs channels of mid (its slice) with the same mainloop, its
