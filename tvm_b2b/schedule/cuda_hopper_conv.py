@@ -642,8 +642,9 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     channel_blocks = k // bn  # (the pair's: 1, a block computes all of k1)
     n_tiles = channel_blocks * tiling.blocks
     acc2_regs = bn2 // 2 if fused else 1
-    resident = (resident_blocks(pool * 2, threads, pair_registers(acc_regs, acc2_regs)) if fused else resident_of(spec, cfg)
-                ) if persist else 1
+    resident = 1  # a persistent grid's blocks an SM: the pair's by its shared memory and registers, a conv's resident_of
+    if persist:
+        resident = resident_blocks(pool * 2, threads, pair_registers(acc_regs, acc2_regs)) if fused else resident_of(spec, cfg)
     grid = persistent_grid(n_tiles, resident, sm90_count()) if persist else 0  # (sized for the GPU here, if any)
     # (one producer warp: as many blocks an SM as shared memory holds; a persistent grid: as it takes)
     min_blocks = resident if persist else blocks_per_sm(pool * 2) if cfg.warp else 1
@@ -853,18 +854,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 T.ptx[store](T.address_of(y_map), c2 + box * 64, *tiling.origin(bi),
                              T.address_of(tiles[y_tile + box * bm * 64]))
             T.ptx.cp.async_.bulk.commit_group()
-            if persist:
-                if j + 1 < tiles_of(block, grid, n_tiles) * chunks:
-                    T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk j - 1's store has read the other tile
-                    if residual and j > 0:  # chunk j + 1's residual (the next tile's first's, after a last chunk), into it
-                        next_i, next_c = T.meta_var(chunk_origin(block, j + 1, chunks, grid, bn2))
-                        load_residual(tiles, r_map, res_full, next_i, out_tile(j + 1), next_c, (j + 1) % 2)
-                else:
-                    T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
-            elif jc + 1 < chunks:
-                T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk jc - 1's store has read the other tile
-                if residual and jc > 0:  # chunk jc + 1's residual, into it
-                    load_residual(tiles, r_map, res_full, bi, out_tile(jc + 1), c2 + bn2, (jc + 1) % 2)
+            # the block's chunks (a persistent grid's: of all its tiles), and where chunk j + 1's residual comes from
+            block_chunks = T.meta_var(tiles_of(block, grid, n_tiles) * chunks if persist else chunks)
+            next_i, next_c = T.meta_var(chunk_origin(block, j + 1, chunks, grid, bn2) if persist else (bi, c2 + bn2))
+            if j + 1 < block_chunks:
+                T.ptx.cp.async_.bulk.wait_group.read(1)  # chunk j - 1's store has read the other tile
+                if residual and j > 0:  # chunk j + 1's residual (the next tile's first's, after a last chunk), into it
+                    load_residual(tiles, r_map, res_full, next_i, out_tile(j + 1), next_c, (j + 1) % 2)
             else:
                 T.ptx.cp.async_.bulk.wait_group.read(0)  # the block's shared memory stays until then
 
