@@ -211,6 +211,19 @@ def test_persistent_pair_configs(monkeypatch):
     assert pair.RULE.searched(spec)["persist"] == (0, 1)
 
 
+def test_a_switch_set_between_builds_builds_anew(hopper_on, monkeypatch):
+    """A build is reused within a process only under the same TVM_B2B_* switches: the default config built, then again
+    under TVM_B2B_HOPPER_PERSIST=1, gives the persistent kernel (a list of switches by name once left this one out, so
+    an A/B of it in one process timed the first kernel twice)."""
+    spec = spec_of("n=32,h=56,w=56,c=64,k1=64,k2=256,residual=1")
+    monkeypatch.delenv(hopper_conv.PERSIST_ENV, raising=False)
+    one_tile_a_block = build(spec, "cuda:sm_90", db=None).source()
+    monkeypatch.setenv(hopper_conv.PERSIST_ENV, "1")
+    persistent = build(spec, "cuda:sm_90", db=None).source()
+    loop = re.compile(r"for \(int it\w* = 0;")
+    assert not loop.search(one_tile_a_block) and loop.search(persistent)
+
+
 @pytest.mark.parametrize("case,config", PERSIST_CASES[:2])
 def test_persistent_pair_loops_over_its_tiles_and_compiles(hopper_on, tmp_path, case, config):
     """A grid of as many blocks as the SMs hold (resident_blocks at pair_registers, 2 or 3 an SM; __launch_bounds__

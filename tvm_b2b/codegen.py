@@ -71,9 +71,11 @@ def _modules(module):
         yield from _modules(imported)
 
 
-# Environment variables that change the generated code (a build is cached per their values)
-CODE_ENV = ("TVM_B2B_CP_ASYNC", "TVM_B2B_HOPPER", "TVM_B2B_HOPPER_PAIR", "TVM_B2B_DW_CLUSTER", "TVM_B2B_DW_STAGED",
-            "TVM_B2B_HOPPER_PRODUCER")
+def code_env() -> tuple:
+    """The TVM_B2B_* switches set now (a build is cached per their values): every one but the traceback switch may
+    change the generated code or the records a build takes, and a list of them by name missed new ones (a process
+    that built under TVM_B2B_HOPPER_PERSIST=1 after a build without it reused the first kernel)."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("TVM_B2B_") and k != "TVM_B2B_TRACEBACK"))
 
 
 def _rewrite_cuda_source(code: str) -> str:

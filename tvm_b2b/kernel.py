@@ -1,7 +1,6 @@
 """build(spec, target) -> FusedKernel: the fused op compiled for one target, callable on numpy."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -115,12 +114,12 @@ def build(spec, target="llvm", fused: bool = True, config=None, db="auto") -> Fu
     database of the target's GPU, schedules/<gpu>-<arch>), a directory, or None (defaults)."""
     if not isinstance(spec, (FusedConvSpec, ConvSpec)):
         raise ValueError(f"spec: expected a FusedConvSpec or a ConvSpec, got {type(spec).__name__}")
-    from .codegen import CODE_ENV
+    from .codegen import code_env
     from .tune.database import resolve_config
 
     target = parse_target(target)
     config = resolve_config(spec, target, fused, config, db)
-    key = (spec, str(target), fused, str(config), *(os.environ.get(v) for v in CODE_ENV))
+    key = (spec, str(target), fused, str(config), code_env())
     if key not in _BUILT:
         _BUILT[key] = _compile(spec, target, fused, config)
     return _BUILT[key]
