@@ -41,7 +41,7 @@
 #                                            it (sb: without, scale and bias from shared memory, TVM_B2B_HOPPER_SB=shared)
 #   bash bench/gpu_session.sh pairpersist    the Hopper pair's persistent form: its GPU tests, then ResNet-50's batch-32 pairs (the
 #                                            dense sweep, the strided ones) with the default config and with TVM_B2B_HOPPER_PERSIST=1
-#                                            (persistent where not in the halo form), against the two convs as a model now runs them
+#                                            (measured slower on every pair: no default), against the two convs as a model now runs them
 #   [VAR=SWITCH MODES="1 0"] bash bench/gpu_session.sh enve2e NAME:BATCH,...   bench_e2e with a switch (default
 #                                            TVM_B2B_HOPPER_PERSIST) at each of MODES
 #   bash bench/gpu_session.sh tmaoverlap     whether TMA reads through a tensor map whose rows overlap (once a stem idea; the

@@ -55,7 +55,11 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          ("n=8,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3,act=none", "bm=128,bn=64,stages=2,persist=1"),
          ("n=2,h=9,w=12,c=32,k=128,kh=2,kw=2,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3"),
          # the default configs' persistent grids (persist_default): a 1-step 1x1 (784 tiles on 132 blocks), a strided one
-         ("n=32,h=56,w=56,c=64,k=256,act=none", None), ("n=32,h=28,w=28,c=512,k=1024,stride=2,act=none", None)]
+         ("n=32,h=56,w=56,c=64,k=256,act=none", None), ("n=32,h=28,w=28,c=512,k=1024,stride=2,act=none", None),
+         # the halo form in a persistent grid, its two x buffers alternating across a block's tiles: 896 tiles on 264
+         # blocks (+residual), 4 channel steps a tile
+         ("n=32,h=56,w=56,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=4,halo=1,persist=1"),
+         ("n=4,h=20,w=21,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3,halo=1,persist=1")]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -434,7 +438,8 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
                                          (12, None), (13, None), (4, "pair"), (5, "pair"), (6, "pair"), (7, "pair"),
                                          (15, None), (16, None), (17, None), (18, None), (19, None), (20, None), (21, None),
                                          (22, None), (23, None), (24, None), (25, None), (8, "pair"), (9, "pair"),
-                                         (10, "pair"), (11, "pair"), (12, "pair")])
+                                         (10, "pair"), (11, "pair"), (12, "pair"), (26, None), (27, None),
+                                         (13, "pair"), (14, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's
@@ -463,7 +468,7 @@ def test_index_math_emulated(case, config):
 @st.composite
 def emulated_convs(draw):
     """A small conv the kernel takes (1x1 to 5x5; strides 1-3, padded or not, subsampled 1x1s and narrow convs among
-    them) and a config it takes for it (a persistent grid among them)."""
+    them) and a config it takes for it (the halo form and a persistent grid among them)."""
     kh = draw(st.sampled_from([1, 2, 3, 4, 5]))  # (2 and 4 with 16 or 32 channels: narrow_taps)
     stride, pad = draw(st.integers(1, 3)), draw(st.integers(0, kh // 2))
     bottom, right = (min(pad + draw(st.sampled_from([0, 0, 1])), kh - 1) for _ in range(2))  # TensorFlow's "same"
@@ -472,7 +477,7 @@ def emulated_convs(draw):
     spec = spec_of(f"n={n},h={h},w={w},c={c},k={k},kh={kh},kw={kh},stride={stride},pad_h={pad},pad_w={pad},"
                    f"pad_bottom={bottom},pad_right={right},residual={draw(st.integers(0, 1))}")
     cfg = hopper.HopperConfig(bm=draw(st.sampled_from([64, 128])), bn=draw(st.sampled_from([64, 128])),
-                              stages=draw(st.integers(1, 4)), persist=draw(st.integers(0, 1)))
+                              stages=draw(st.integers(1, 4)), halo=draw(st.integers(0, 1)), persist=draw(st.integers(0, 1)))
     assume(not hopper.spec_problem(spec) and not hopper.conv_config_problem(spec, cfg))
     return spec, cfg
 

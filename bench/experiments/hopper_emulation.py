@@ -190,6 +190,7 @@ def emulate(spec, cfg, second=None, rng=None):
         assert kernel_assumed(t, j) == v, ("C layout", t, j, v)
 
     resident = {}  # a persistent grid's blocks: their shared memory, which stays from tile to tile
+    x_steps = {}  # a persistent block's halo boxes so far: its x buffers alternate on across its tiles (the kernel's xg)
     for bi, visits in pixel_blocks(spec, cfg, tiling, grid):
         blocks = {}  # the cluster's blocks (rank bk: its shared memory, its mid registers) after their first GEMM
         for bk, block in visits:
@@ -201,11 +202,12 @@ def emulate(spec, cfg, second=None, rng=None):
                 st = ko % stages
                 if halo:  # tap ko % taps of channel step ko // taps: its operand starts shift rows into the step's box
                     cs, t = ko // taps, ko % taps
+                    xg = x_steps.get(block, 0) + cs  # the block's channel steps so far (a persistent grid's: all tiles')
                     if t == 0:
                         xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [cs * BK, *tiling.tap(bi, 0)])
                         assert xa.shape[0] == tiling.width * (tiling.rows + spec.kh - 1) <= x_rows
-                        smem_write_rows(smem, cs % xs * x_rows * BK, xa)
-                    a_at, w_col = cs % xs * x_rows * BK + tiling.shift(t) * BK, t * c + cs * BK
+                        smem_write_rows(smem, xg % xs * x_rows * BK, xa)
+                    a_at, w_col = xg % xs * x_rows * BK + tiling.shift(t) * BK, t * c + cs * BK
                 elif tps > 1:  # taps ko * tps on, each its box of xw channels into its part of the buffer
                     for j in range(tps):
                         xa = tma_load(xf, xm[0:4], xm[4:7], xm[7:11], [0, *tiling.tap(bi, ko * tps + j)],
@@ -231,6 +233,8 @@ def emulate(spec, cfg, second=None, rng=None):
                         B = desc_read(smem, w_at + st * b_rows * BK + kk * 16, bn)
                         with np.errstate(invalid="ignore"):
                             acc[wg * 64:(wg + 1) * 64] = (acc[wg * 64:(wg + 1) * 64] if (ko * 4 + kk > 0) else 0) + A @ B.T
+            if block is not None:
+                x_steps[block] = x_steps.get(block, 0) + c_steps
             # epilogue 1
             mid = [[{} for _ in range(128)] for _ in range(wgs)]  # per thread: mid register p -> its fp16 pair
             if ranks > 1:  # the slice into the block's mid, as the kernel's epilogue indexes it
@@ -404,6 +408,10 @@ CONVS = [
     ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=0,pad_bottom=1,pad_right=1,residual=1", "bm=64,bn=128,stages=3"),
     ("n=2,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=2,pad_w=0,pad_bottom=0,pad_right=2", "bm=128,bn=64,stages=3,halo=1"),
     ("n=2,h=14,w=13,c=64,k=128,kh=3,kw=3,stride=2,pad_h=0,pad_w=1,pad_bottom=1,residual=1", "bm=64,bn=64,stages=3,persist=1"),
+    # the halo form in a persistent grid: x's two buffers alternate on across a block's tiles (1 channel step a tile,
+    # +residual; 4 steps, rows of 2 blocks an image)
+    ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,halo=1,persist=1"),
+    ("n=1,h=12,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2,halo=1,persist=1"),
 ]
 PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo[, cs[, persist]]])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
@@ -423,6 +431,9 @@ PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo[, cs[, persist]
     ("n=1,h=11,w=30,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 256, 64, False, 0, 1, 1),
     ("n=3,h=7,w=7,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=relu6", 64, 3, 64, 64, True, 0, 1, 1),
     ("n=2,h=14,w=13,c=128,k=128,kh=3,kw=3,stride=2,pad_h=1,pad_w=1", 64, 3, 256, 128, True, 0, 1, 1),
+    # ... in the halo form: 2 chunks +residual, 1 chunk
+    ("n=2,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 64, True, 1, 1, 1),
+    ("n=3,h=7,w=7,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 128, 3, 64, 64, False, 1, 1, 1),
 ]
 
 

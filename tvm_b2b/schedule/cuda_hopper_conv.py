@@ -271,9 +271,9 @@ def default_config(spec: ConvSpec) -> HopperConfig:
     32: 52 blocks, 14.8 us; 100 blocks, 11.2) or where a block's whole rows fit 64 no worse than 128. The halo form in
     128-pixel tiles where `halo_wins`."""
     bn = 256 if steps(spec) <= 2 and spec.k % 256 == 0 else 128 if spec.k % 128 == 0 else 64
-    if halo_wins(spec):
-        return HopperConfig.default(bm=128, bn=bn, halo=1)
     persist = persist_default(spec)
+    if halo_wins(spec):
+        return HopperConfig.default(bm=128, bn=bn, halo=1, persist=persist)
     if flat(spec):
         return HopperConfig.default(bm=64 if spec.k // bn * Tiling(spec, 128).blocks < SM90_SMS else 128, bn=bn, persist=persist)
     if spec.wo > 64:
@@ -511,9 +511,10 @@ def swizzled(row, ch, bm: int):
 
 def x_buffers(spec: ConvSpec, cfg: HopperConfig) -> tuple[int, int]:
     """(x's buffers, rows each): one per step of the ring (at most one per reduction step), bm rows; in the halo form
-    two (one per channel step, at most), of Tiling.halo_rows."""
+    two (one per channel step, at most; a persistent grid's two, the next tile's box loading during this tile's taps),
+    of Tiling.halo_rows."""
     if cfg.halo:
-        return min(2, -(-spec.c // BK)), Tiling(spec, cfg.bm, True).halo_rows
+        return 2 if cfg.persist else min(2, -(-spec.c // BK)), Tiling(spec, cfg.bm, True).halo_rows
     return min(cfg.stages, steps(spec)), cfg.bm
 
 
@@ -570,8 +571,7 @@ def conv_config_problem(spec: ConvSpec, cfg: HopperConfig) -> str | None:
     return spec_problem(spec) or (cfg.cs > 1 and f"cs={cfg.cs}: a cluster is the fused pair's (k1 split), not a conv's") or (
         spec.k % cfg.bn and f"k is not a multiple of bn={cfg.bn}") or (
         not flat(spec) and spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
-        cfg.halo and halo_problem(spec, cfg.bm)) or (
-        cfg.persist and cfg.halo and "persist=1 takes the taps' form (halo=0)") or None
+        cfg.halo and halo_problem(spec, cfg.bm)) or None
 
 
 def conv_func(spec: ConvSpec, cfg: HopperConfig, name: str = "conv2d_wgmma"):
@@ -692,9 +692,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                              source_code=BULK_LOAD_SOURCE)
 
     @T.macro
-    def load_step(tiles, full, x_map, w_map, g, ko, bk, bi, more_bytes):
-        """Step ko of tile (bk, bi) (taps' form) into ring buffer g % stages: x's box of its tap, w's tile (and
-        more_bytes the caller copies, on the same mbarrier)."""
+    def load_tap_step(tiles, full, x_map, w_map, g, ko, bk, bi, more_bytes):
+        """load_step's taps' form: x's box of step ko's tap(s) and w's tile, into ring buffer g % stages."""
         T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(tx_bytes + more_bytes))
         if tps > 1:  # taps ko * tps on, each a box of xw channels into its own bm x xw part of the buffer
             for j in T.unroll(tps):
@@ -707,6 +706,26 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         w_column = T.meta_var(ko * BK if tps > 1 else ko // c_steps * c + ko % c_steps * BK)
         T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map), w_column, bk * bn,
                       T.address_of(full[g % stages]))
+
+    @T.macro
+    def load_step(tiles, full, x_full, x_empty, x_map, w_map, g, x_base, ko, bk, bi, more_bytes):
+        """Step ko of tile (bk, bi) into ring buffer g % stages: x's box of its tap (the taps' form), w's tile (and
+        more_bytes the caller copies, on the same mbarrier). In the halo form step ko is tap ko % taps of channel step
+        ko // taps, the block's x_base + ko // taps-th, whose box its first tap loads, once that x buffer's last box
+        is done (xs channel steps earlier: the last tile's, in a persistent grid)."""
+        if halo:
+            xg = T.meta_var(x_base + ko // taps)
+            if ko % taps == 0:
+                if x_base * taps + ko >= xs * taps:
+                    T.cuda.mbarrier_wait(T.address_of(x_empty[xg % xs]), (xg // xs + 1) % 2)
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(x_full[xg % xs]), T.uint32(halo_bytes))
+                T.ptx[load](T.address_of(tiles[xg % xs * x_rows * BK]), T.address_of(x_map), ko // taps * BK,
+                            *tiling.tap(bi, 0), T.address_of(x_full[xg % xs]))
+            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[g % stages]), T.uint32(tx_bytes + more_bytes))
+            T.ptx[w_load](T.address_of(tiles[w_at + g % stages * b_rows * BK]), T.address_of(w_map),
+                          ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[g % stages]))
+        else:
+            load_tap_step(tiles, full, x_map, w_map, g, ko, bk, bi, more_bytes)
 
     def tile_stores(regs: int, act_of):
         """An epilogue into an output tile, as a macro for `regs` accumulators (the conv's, or the pair's second GEMM's)
@@ -744,19 +763,20 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         T.ptx.cp.async_.bulk.wait_group.read(0)
 
     @T.macro
-    def first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, base):
+    def first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, base, x_base):
         """The (first) conv's reduction into acc, step ko of a tile in ring buffer (base + ko) % stages (base: the
-        block's steps of earlier tiles, persist=1), each step's buffer released once its wgmma are done (with 2+
-        buffers a step later: the last one's is the caller's)."""
+        block's steps of earlier tiles, persist=1; x_base its channel steps, the halo form's), each step's buffer
+        released once its wgmma are done (with 2+ buffers a step later: the last one's is the caller's)."""
         wg = T.meta_var(tx // 128)
         for ko in T.serial(n_steps):
             g = T.meta_var(base + ko)
+            xg = T.meta_var(x_base + ko // taps)  # the halo box's: the block's channel step
             if halo and ko % taps == 0:
-                T.cuda.mbarrier_wait(T.address_of(x_full[ko // taps % xs]), (ko // taps // xs) % 2)
+                T.cuda.mbarrier_wait(T.address_of(x_full[xg % xs]), (xg // xs) % 2)
             T.cuda.mbarrier_wait(T.address_of(full[g % stages]), (g // stages) % 2)
             T.ptx.wgmma.fence.sync.aligned()
             # A: x's box of the step, or the halo box from the tap's row on
-            a_at = T.meta_var(ko // taps % xs * x_rows * BK + tiling.shift(ko % taps) * BK if halo else g % stages * bm * BK)
+            a_at = T.meta_var(xg % xs * x_rows * BK + tiling.shift(ko % taps) * BK if halo else g % stages * bm * BK)
             # the start address moves 32 B per step inside the swizzle atom; a halo tap's starts rows into it: the
             # descriptor's base offset stays 0, as wgmma swizzles the address itself (H100: a base offset of
             # (start >> 7) & 7, as the PTX ISA describes it, computed wrong results; 0 matched numpy)
@@ -779,13 +799,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                 if ko > 0 and tx % 32 == 0:  # each warp, once its wait returned
                     T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(g + stages - 1) % stages]))
                     if halo and ko % taps == 0:  # the last step was the last tap of its channel step
-                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[(ko // taps + xs - 1) % xs]))
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[(xg + xs - 1) % xs]))
             else:
                 T.ptx.wgmma.wait_group.sync.aligned(0)
                 if tx % 32 == 0:
                     T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[g % stages]))
                     if halo and ko % taps == taps - 1:
-                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[ko // taps % xs]))
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[xg % xs]))
 
     # nvcc's registers (an H100 or H200 SM holds 2 blocks of 384 threads at 85 or fewer): 74 for a 56x56 k1=64 pair with 2
     # chunks unrolled (100 in a loop), with 4 chunks 74 in a loop (90 unrolled)
@@ -978,14 +998,16 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                 T.cuda.mbarrier_wait(T.address_of(empty[g % stages]), (g // stages + 1) % 2)
                             if fused:  # one copy of the scale and bias (if in shared memory), with the first tile's
                                 if ko < n_steps:
-                                    load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, first_step_bytes(g))
+                                    load_step(tiles, full, x_full, x_empty, x_map, w_map, g, it * c_steps, ko, tile_k,
+                                              tile_i, first_step_bytes(g))
                                     if sb_floats > 0:
                                         if g == 0:
                                             load_scale_bias(s, b, s2, b2, s_tile, b_tile, 0, 0, T.address_of(full[0]))
                                 else:
                                     load_w2_step(tiles, full, w2_map, g, ko - n_steps, 0)
                             else:
-                                load_step(tiles, full, x_map, w_map, g, ko, tile_k, tile_i, first_step_bytes(ko))
+                                load_step(tiles, full, x_full, x_empty, x_map, w_map, g, it * c_steps, ko, tile_k, tile_i,
+                                          first_step_bytes(ko))
                                 if ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the
                                     # last tile's epilogue may still read the other)
                                     load_scale_bias(s, b, s2, b2, s_tile, b_tile, it % 2 * bn, tile_k,
@@ -995,20 +1017,8 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                     for ko in T.serial(all_steps):
                         if ko >= stages:  # the buffer's step `stages` earlier, released by every consumer warp
                             T.cuda.mbarrier_wait(T.address_of(empty[ko % stages]), (ko // stages + 1) % 2)
-                        if halo and ko < n_steps:  # step ko: tap ko % taps of channel step ko // taps, whose box it reads
-                            if ko % taps == 0:  # the channel step's box, once its buffer's step xs earlier is done
-                                if ko >= xs * taps:
-                                    T.cuda.mbarrier_wait(T.address_of(x_empty[ko // taps % xs]), (ko // taps // xs + 1) % 2)
-                                T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(x_full[ko // taps % xs]),
-                                                                           T.uint32(halo_bytes))
-                                T.ptx[load](T.address_of(tiles[ko // taps % xs * x_rows * BK]), T.address_of(x_map),
-                                            ko // taps * BK, *tiling.tap(bi, 0), T.address_of(x_full[ko // taps % xs]))
-                            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(full[ko % stages]),
-                                                                       T.uint32(tx_bytes + first_step_bytes(ko)))
-                            T.ptx[w_load](T.address_of(tiles[w_at + ko % stages * b_rows * BK]), T.address_of(w_map),
-                                          ko % taps * c + ko // taps * BK, bk * bn, T.address_of(full[ko % stages]))
-                        elif ko < n_steps:
-                            load_step(tiles, full, x_map, w_map, ko, ko, bk, bi, first_step_bytes(ko))
+                        if ko < n_steps:
+                            load_step(tiles, full, x_full, x_empty, x_map, w_map, ko, 0, ko, bk, bi, first_step_bytes(ko))
                         else:  # the second GEMM's: w2's tile of chunk (ko - n_steps) // k1_steps
                             load_w2_step(tiles, full, w2_map, ko, ko - n_steps, bk)
                         if sb_floats > 0:
@@ -1017,10 +1027,13 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         elif persist:  # the consumers: tile after tile
             for it in T.serial(tiles_of(bi, grid, n_tiles)):
                 tile_k, tile_i = T.meta_var(tile_at(bi, it, grid, channel_blocks))
-                first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, it * all_steps)  # noqa: F821
+                first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, it * all_steps,  # noqa: F821
+                               it * c_steps)
                 T.ptx.wgmma.wait_group.sync.aligned(0)
                 if overlap and tx % 32 == 0:  # the tile's last step's buffer, for the next steps (tile's, or w2's)
                     T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(it * all_steps + n_steps - 1) % stages]))
+                    if halo:  # and its last halo box's, for the next tile's
+                        T.ptx.mbarrier.arrive.shared.b64(T.address_of(x_empty[((it + 1) * c_steps - 1) % xs]))
                 for i in T.unroll(acc_regs):
                     T.cuda.func_call("tvm_b2b_fence_acc", acc[i], source_code=FENCE_SOURCE)
                 if fused:  # mid, then its chunks (their output tiles alternating on from the last tile's: j)
@@ -1044,7 +1057,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                                 next_k, next_i = T.meta_var(tile_at(bi, it + 1, grid, channel_blocks))
                                 load_residual(tiles, r_map, res_full, next_i, y_at, next_k * bn, 0)
         else:
-            first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, 0)  # noqa: F821
+            first_mainloop(tiles, full, empty, x_full, x_empty, acc, desc_x, desc_w, tx, 0, 0)  # noqa: F821
             T.ptx.wgmma.wait_group.sync.aligned(0)
             if fused and overlap and tx % 32 == 0:  # the last step's buffer, for the second GEMM's w2 tiles
                 T.ptx.mbarrier.arrive.shared.b64(T.address_of(empty[(n_steps - 1) % stages]))

@@ -8,17 +8,20 @@ per tap (each tap is one TMA box of x, or one box for all taps in the halo form:
 between two output tiles, so that a chunk's store and the next chunk's residual read run while the next chunk is
 computed. No public library has this kernel on Hopper (CUTLASS's fused example stops at sm_80).
 
-The persistent form (config persist=1, or TVM_B2B_HOPPER_PERSIST=1 for the default configs in the taps' form outside
-the cluster form; no default takes it: not yet timed), as the conv's (cuda_hopper_conv.persistent_grid): as many
-blocks as the SMs hold (resident_blocks at pair_registers) loop over the pixel tiles, the producer's ring going on
-from a tile's 3x3 steps and w2 tiles to the next tile's, so that the next tile's loads run while the consumers do the
-last tile's chunks. The chunks' output tiles (two, the second in shared memory of its own: the producer refills x's
-buffers meanwhile) and residual loads alternate on across the tiles (chunk_origin: where the block's j-th chunk's
-residual comes from). It aims at the pairs whose chunks dominate a block's time (56x56 64->64->256 +r: 4 chunks of
-64 output channels after a 9-step 3x3), as the conv's persistent grid won on convs whose epilogue does
-(persist_default). Its index math is emulated (bench/experiments/hopper_emulation.py: chunks, residuals and output
-tiles across a block's tiles), nvcc builds it, GPU tests are written (test_cuda_hopper_pair.PERSIST_CASES), `tvm-b2b
-tune` searches it, and `bash bench/gpu_session.sh pairpersist` measures it.
+The persistent form (config persist=1, or TVM_B2B_HOPPER_PERSIST=1 for the default configs outside the cluster form),
+as the conv's (cuda_hopper_conv.persistent_grid): as many blocks as the SMs hold (resident_blocks at pair_registers)
+loop over the pixel tiles, the producer's ring going on from a tile's 3x3 steps and w2 tiles to the next tile's (in
+the halo form its two x buffers alternating across the tiles), so that the next tile's loads run while the consumers
+do the last tile's chunks. The chunks' output tiles (two, the second in shared memory of its own: the producer
+refills x's buffers meanwhile) and residual loads alternate on across the tiles (chunk_origin: where the block's j-th
+chunk's residual comes from). Correct (its index math emulated, bench/experiments/hopper_emulation.py; GPU tests
+test_cuda_hopper_pair.PERSIST_CASES pass on the H100), but slower on every pair measured, so no default takes it and
+tuning does not search it: H100, N=32, same run (`bash bench/gpu_session.sh pairpersist`,
+bench/results/fused_pairpersist_h100_s33.txt), the default configs one tile a block against TVM_B2B_HOPPER_PERSIST=1:
+56x56 64->64->64 25.7 against 33.9 us, 64->64->128 35.9 / 43.7, 64->64->256 +r 66.6 / 89.9, 28x28 128->128->512 +r
+41.8 / 64.1, 14x14 256->256->1024 +r 31.0 / 46.2. Its loop over tiles costs registers that the one-tile block does not
+spend (ptxas: 129-168 a thread at one block an SM, or 80 with 372 bytes spilled under __launch_bounds__ for two),
+and a pair's block is bound by its consumers' chunks, not by the loads that a persistent grid overlaps.
 
 The cluster form (config cs=2, 4 or 8; the default where k1 > 256, as ResNet-50's last stage, k1 = 512): a cluster
 of cs blocks owns a pixel tile; block rank r computes k1 / cs channels of mid (its slice) with the same mainloop, its
@@ -103,7 +106,7 @@ def default_config(spec: FusedConvSpec, arch: int = 90) -> HopperConfig:
     halo = bm == 128 and spec.k2 <= 2 * spec.k1 and halo_wins(first)
     cs = default_cluster(spec)
     warp = int(not halo and spec.k1 // cs <= 128)  # one producer warp where it measured faster (producer_threads)
-    persist = int(persist_forced() == 1 and not halo and cs == 1)  # (TVM_B2B_HOPPER_PERSIST=1: not yet timed)
+    persist = int(persist_forced() == 1 and cs == 1)  # (TVM_B2B_HOPPER_PERSIST=1: measured slower, module docstring)
     cfg = HopperConfig.default(warp, bm=bm, bn=64 if narrow else 128, stages=3 if narrow else 4, halo=int(halo), cs=cs,
                                persist=persist)
     while cfg.stages > 1 and shared_bytes(spec, cfg) > max_shared_bytes(arch):
@@ -128,8 +131,7 @@ def pair_config_problem(spec: FusedConvSpec, cfg: HopperConfig) -> str | None:
         spec.k2 // cfg.cs % cfg.bn and f"k2 / cs is not a multiple of bn={cfg.bn}") or (
         spec.wo > cfg.bm and f"{spec.wo} output columns do not fit bm={cfg.bm} pixels") or (
         cfg.halo and halo_problem(conv3x3_spec(spec), cfg.bm)) or (
-        cfg.persist and cfg.cs > 1 and f"persist=1: not in the cluster form (cs={cfg.cs})") or (
-        cfg.persist and cfg.halo and "persist=1 takes the taps' form (halo=0)") or None
+        cfg.persist and cfg.cs > 1 and f"persist=1: not in the cluster form (cs={cfg.cs})") or None
 
 
 def pair_func(spec: FusedConvSpec, cfg: HopperConfig, name: str = "fused_conv3x3_conv1x1_wgmma"):
@@ -230,8 +232,8 @@ class HopperPairRule(WrittenPairRule):
 
     def searched(self, spec: FusedConvSpec) -> dict[str, tuple]:
         """bn, the second GEMM's chunk, 64 or 128: 256 would hold 128 accumulator registers beside mid's; the cluster
-        sizes that split k1; a persistent grid or none (persist)."""
-        return {**super().searched(spec), "bn": (64, 128), "cs": tuple(cluster_sizes(spec)), "persist": (0, 1)}
+        sizes that split k1. Not a persistent grid (persist=1): slower on every pair measured (module docstring)."""
+        return {**super().searched(spec), "bn": (64, 128), "cs": tuple(cluster_sizes(spec))}
 
 
 RULE = HopperPairRule()
