@@ -1,7 +1,6 @@
 """build(spec, target) -> FusedKernel: the fused op compiled for one target, callable on numpy."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from .op.conv_spec import ConvSpec

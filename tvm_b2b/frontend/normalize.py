@@ -1,6 +1,7 @@
 """ONNX -> Relax, normalized for pair matching: NHWC convolutions with OHWI constant weights,
 BatchNormalization decomposed into per-channel affine ops on constants, Clip as max/min; before the import,
-static shape arithmetic folded (static_shapes) and zero padding moved into the convs that read it (conv_pads)."""
+static shape arithmetic folded (static_shapes), zero padding moved into the convs that read it (conv_pads) and taps
+that read only padding cut out of them (dead_taps)."""
 from __future__ import annotations
 
 import os
@@ -113,10 +114,11 @@ def import_model(model) -> tvm.IRModule:
     from tvm.relax.frontend.onnx import from_onnx
 
     from .conv_pads import conv_pads_inlined
+    from .dead_taps import dead_taps_dropped
     from .static_shapes import fold_static_shapes
 
     try:
-        mod = from_onnx(conv_pads_inlined(fold_static_shapes(model)), keep_params_in_input=False)
+        mod = from_onnx(dead_taps_dropped(conv_pads_inlined(fold_static_shapes(model))), keep_params_in_input=False)
     except Exception as err:  # noqa: BLE001 - the importer raises many types for unsupported ops
         first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ModelError(f"cannot import the model: {first}") from None

@@ -716,7 +716,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
         if halo:
             xg = T.meta_var(x_base + ko // taps)
             if ko % taps == 0:
-                if x_base * taps + ko >= xs * taps:
+                if x_base * taps + ko >= xs * taps:  # (xg >= xs, written so that it folds for x_base = 0)
                     T.cuda.mbarrier_wait(T.address_of(x_empty[xg % xs]), (xg // xs + 1) % 2)
                 T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(x_full[xg % xs]), T.uint32(halo_bytes))
                 T.ptx[load](T.address_of(tiles[xg % xs * x_rows * BK]), T.address_of(x_map), ko // taps * BK,
