@@ -101,10 +101,11 @@ DILATED = [f"/net/backbone/layer3/layer3.{i}/conv2/Conv" for i in range(1, 6)] +
 
 def test_deeplabv3_dilated_convs_run_on_our_kernels(exports, tmp_path):
     """torchvision's DeepLabV3-ResNet50 (segmentation; its output the per-pixel scores): its 11 dilated 3x3s (layers 3
-    and 4 at rates 2 and 4, ASPP's at 12, 24 and 36, where the padding equals the rate: most taps read padding at
-    8x8) run on our kernels: on the CPU (it matches onnxruntime) the 8 bottlenecks' as fused pairs, ASPP's as single
-    convs; for sm_90 the mma.sync template (the TMA + wgmma kernels take no dilation), the pairs as two convs (k1 of
-    256 and 512: the fusion policy's), not on TVM's own schedule."""
+    and 4 at rates 2 and 4, ASPP's at 12, 24 and 36, where the padding equals the rate) run on our kernels: on the CPU
+    (it matches onnxruntime) the 8 bottlenecks' as fused pairs, ASPP's as single convs, which at 8x8 read the input
+    with their centre taps only and so run as 1x1s (frontend.dead_taps); for sm_90 the mma.sync template (the TMA +
+    wgmma kernels take no dilation), the pairs as two convs (k1 of 256 and 512: the fusion policy's), not on TVM's own
+    schedule."""
     path = exports("deeplabv3_resnet50", 1, 64)
     names = conv_names(onnx.load(path))
     candidates = compile_model(path, str(tmp_path / "m.so"), parse_target("llvm"))
@@ -113,15 +114,17 @@ def test_deeplabv3_dilated_convs_run_on_our_kernels(exports, tmp_path):
     pairs = pairs_of(candidates)
     assert (len(pairs), sum(p.fused for p in pairs)) == (17, 17)
     rates = [p.spec.dilation for p in pairs if p.conv3x3 in DILATED]
-    rates += [ConvSpec.parse(convs[n]["reason"].split(": ", 1)[1]).dilation for n in DILATED[8:]]
-    assert rates == [2] * 6 + [4] * 2 + [12, 24, 36]  # layer 4's first block keeps layer 3's rate
+    aspp = [ConvSpec.parse(convs[n]["reason"].split(": ", 1)[1]) for n in DILATED[8:]]
+    assert rates == [2] * 6 + [4] * 2  # layer 4's first block keeps layer 3's rate
+    assert [(s.kh, s.kw, s.pads, s.dilation) for s in aspp] == [(1, 1, (0, 0, 0, 0), 1)] * 3  # (rates 12, 24, 36 at 8x8)
     # 2e-4, not 1e-4: this net's float32 rounding alone is about 1e-4 (PyTorch's float32 run: 1.04e-4 against
     # onnxruntime, 9.3e-5 against its float64 run; ours 1.05e-4 and 1.03e-4)
     assert run_against_onnxruntime(path, tmp_path / "m.so", 1, 64) <= 2e-4
     _, candidates, _ = analyze(path, parse_target("cuda:sm_90"), dtype="float16")
     convs = {c["name"]: c for c in conv_kernels(names, candidates)}
     assert not [n for n, c in convs.items() if c["kernel"] == "default"]
-    assert all(convs[n]["kernel"] == "tensorcore" and "wgmma" not in convs[n]["reason"] for n in DILATED)
+    assert all(convs[n]["kernel"] == "tensorcore" and "wgmma" not in convs[n]["reason"] for n in DILATED[:8])
+    assert all(convs[n]["kernel"] == "tensorcore" for n in DILATED[8:])  # (1x1s now)
 
 
 POOL = re.compile(r"extern __shared__ __align__\(\d+\) (\w+) (b2b_shared_pool\w*)\[\]")
