@@ -59,7 +59,12 @@ CASES = [("n=2,h=7,w=9,c=64,k=128", "bm=128,bn=128,stages=4"),
          # the halo form in a persistent grid, its two x buffers alternating across a block's tiles: 896 tiles on 264
          # blocks (+residual), 4 channel steps a tile
          ("n=32,h=56,w=56,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=128,bn=64,stages=4,halo=1,persist=1"),
-         ("n=4,h=20,w=21,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3,halo=1,persist=1")]
+         ("n=4,h=20,w=21,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1,act=none", "bm=64,bn=64,stages=3,halo=1,persist=1"),
+         # dilated (the taps' form, each tap's box `dilation` pixels from the last): DeepLabV3's rate 2 at batch 8 and
+         # its rate 4 (+residual, persistent), a strided rate 3
+         ("n=8,h=28,w=28,c=256,k=256,kh=3,kw=3,pad_h=2,pad_w=2,dilation=2", None),
+         ("n=4,h=28,w=28,c=128,k=128,kh=3,kw=3,pad_h=4,pad_w=4,dilation=4,residual=1", "bm=128,bn=128,stages=4,persist=1"),
+         ("n=2,h=19,w=21,c=64,k=64,kh=3,kw=3,stride=2,pad_h=3,pad_w=3,dilation=3", "bm=64,bn=64,stages=3")]
 
 
 def spec_of(text: str) -> ConvSpec:
@@ -92,7 +97,8 @@ def test_rule_refuses_what_it_does_not_compute(hopper_on, case, why):
 @pytest.mark.parametrize("case,why,persist", [
     ("n=1,h=14,w=14,c=1024,k=256", "fewer than half of sm_90's 132 SMs", None),  # batch 1: 4 blocks
     ("n=32,h=56,w=56,c=64,k=256,act=none", "1 reduction step(s) of 64 channels without a persistent grid", "0"),
-    ("n=32,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3", "a stem's cells", None)])
+    ("n=32,h=224,w=224,c=3,k=64,kh=7,kw=7,stride=2,pad_h=3,pad_w=3", "a stem's cells", None),
+    ("n=32,h=28,w=28,c=256,k=256,kh=3,kw=3,pad_h=2,pad_w=2,dilation=2", "dilation 2: the taps' form computes it", None)])
 def test_rule_leaves_to_the_template_where_it_measured_slower(monkeypatch, case, why, persist):
     """By default (TVM_B2B_HOPPER unset or 1): where cuda_conv's kernel measured faster, its rule takes the conv, and its
     plan says why not this kernel (`report` shows it); TVM_B2B_HOPPER=all takes it anyway. A 1-step conv only without
@@ -228,6 +234,20 @@ def test_persistent_grid_takes_each_tile_once(tiles, blocks):
     counts = [hopper.tiles_of(b, grid, tiles) for b in range(grid)]
     assert max(counts) - min(counts) <= 1 and grid == min(tiles, hopper.SM90_SMS * blocks)
     assert all(hopper.tile_at(b, it, grid, 4) == (t % 4, t // 4) for b, it, t in taken)
+
+
+def test_dilated_conv_takes_the_taps_form_and_compiles(hopper_on, tmp_path):
+    """A dilated conv (DeepLabV3's rate 2): each tap one box of x, `dilation` pixels from the last (tap (2, 2) 4 rows
+    and columns below tap (0, 0)), in the taps' form (the halo form's taps are shifts of one box: refused); not on by
+    default (not yet measured: measured_slower says so), TVM_B2B_HOPPER=all builds it and nvcc compiles it for sm_90a."""
+    spec = spec_of("n=8,h=28,w=28,c=256,k=256,kh=3,kw=3,pad_h=2,pad_w=2,dilation=2")
+    assert hopper.spec_problem(spec) is None and "undilated" in hopper.halo_problem(spec, 128)
+    tiling = hopper.Tiling(spec, 128)
+    assert [tiling.tap(1, t)[:2] for t in (0, 4, 8)] == [(-2, tiling.rows - 2), (0, tiling.rows), (2, tiling.rows + 2)]
+    assert not hopper.default_config(spec).halo
+    source = build(spec, "cuda:sm_90", db=None).source()
+    assert "wgmma.mma_async" in source
+    compiles_for_sm90a(source, tmp_path)
 
 
 def test_persistent_grid_is_sized_for_the_gpu_here(hopper_on, monkeypatch):
@@ -439,7 +459,8 @@ def test_fusion_of_hopper_pairs_is_decided_by_measurement(hopper_on, wide_model,
                                          (15, None), (16, None), (17, None), (18, None), (19, None), (20, None), (21, None),
                                          (22, None), (23, None), (24, None), (25, None), (8, "pair"), (9, "pair"),
                                          (10, "pair"), (11, "pair"), (12, "pair"), (26, None), (27, None),
-                                         (13, "pair"), (14, "pair")])
+                                         (13, "pair"), (14, "pair"), (28, None), (29, None), (30, None), (15, "pair"),
+                                         (16, "pair")])
 def test_index_math_emulated(case, config):
     """bench/experiments/hopper_emulation.py: the kernel's data path in numpy (TMA boxes with zero fill, 128B
     swizzle, wgmma's descriptor reads and accumulator layout from CUTLASS, the epilogue, TMA stores), with Tiling's

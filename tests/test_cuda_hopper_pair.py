@@ -34,7 +34,10 @@ CASES = [("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", None),
          ("n=1,h=10,w=10,c=128,k1=64,k2=256", "bm=128,bn=64,stages=2"),
          ("n=2,h=12,w=12,c=64,k1=64,k2=512,residual=1", "bm=64,bn=128,stages=1"),
          ("n=2,h=14,w=14,c=64,k1=64,k2=256,residual=1", "bm=128,bn=64,stages=3,halo=1"),
-         ("n=1,h=20,w=20,c=136,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=128,stages=2,halo=1")]
+         ("n=1,h=20,w=20,c=136,k1=128,k2=128,act1=relu6,act2=none", "bm=128,bn=128,stages=2,halo=1"),
+         # dilated (DeepLabV3's bottlenecks at rates 2 and 4; the taps' form)
+         ("n=4,h=28,w=28,c=64,k1=64,k2=256,residual=1,dilation=2", None),
+         ("n=2,h=28,w=28,c=128,k1=128,k2=512,residual=1,dilation=4", "bm=128,bn=64,stages=3,warp=1")]
 # the cluster form (cs > 1: each block of a cluster computes k1 / cs channels of mid, which the cluster's blocks push
 # into each other's shared memory; each then computes k2 / cs output channels): k1 = 512 (its default, clusters of 4),
 # a strided 3x3 in clusters of 2, the halo form, clusters of 8 with c not a multiple of 64, one chunk and no residual
@@ -191,6 +194,19 @@ def test_cluster_form_has_its_instructions_and_compiles(hopper_on, tmp_path, cas
     assert f"wgmma_f16_ss_mma_async_sync_aligned_m64n{cfg.bn}k16" in source and "wgmma_f16_rs" not in source
     assert source.count("tvm_b2b_push_slice(") == 2 and "tvm_b2b_pack_half2(" not in source.split("extern \"C\"")[-1]
     compiles_for_sm90a(source, tmp_path)
+
+
+def test_dilated_pair_builds_in_the_taps_form(monkeypatch, tmp_path):
+    """A dilated pair (DeepLabV3's bottleneck at rate 2): not the halo form (its taps are shifts of one box), not on by
+    default (the rule names the dilation: not yet measured), TVM_B2B_HOPPER_PAIR=all builds it in one kernel and nvcc
+    compiles it for sm_90a."""
+    spec = spec_of("n=8,h=28,w=28,c=64,k1=64,k2=256,residual=1,dilation=2")
+    monkeypatch.delenv(PAIR_ENV, raising=False)
+    assert not pair.default_config(spec).halo and "dilation 2" in pair.RULE.slower(spec)
+    monkeypatch.setenv(PAIR_ENV, "all")
+    kernel = build(spec, "cuda:sm_90", db=None)
+    assert kernel.func_names == ["fused_conv3x3_conv1x1_wgmma"]
+    compiles_for_sm90a(kernel.source(), tmp_path)
 
 
 def test_persistent_pair_configs(monkeypatch):

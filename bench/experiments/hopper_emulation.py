@@ -322,10 +322,11 @@ def emulate(spec, cfg, second=None, rng=None):
     top, left, bottom, right = spec.pads
     xp = np.pad(x.astype(np.float32), [(0, 0), (top, bottom), (left, right), (0, 0)])
     cols = np.zeros((spec.n, spec.ho, spec.wo, spec.kh, spec.kw, c), np.float32)
+    d = spec.dilation
     for rh in range(spec.kh):
         for rw in range(spec.kw):
-            cols[:, :, :, rh, rw] = xp[:, rh: rh + spec.stride * (spec.ho - 1) + 1: spec.stride,
-                                       rw: rw + spec.stride * (spec.wo - 1) + 1: spec.stride]
+            cols[:, :, :, rh, rw] = xp[:, rh * d: rh * d + spec.stride * (spec.ho - 1) + 1: spec.stride,
+                                       rw * d: rw * d + spec.stride * (spec.wo - 1) + 1: spec.stride]
     conv = cols.reshape(m, r_dim) @ w.astype(np.float32).T
     pre = conv * s + b
     if fused:
@@ -412,6 +413,10 @@ CONVS = [
     # +residual; 4 steps, rows of 2 blocks an image)
     ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=1,pad_w=1,residual=1", "bm=64,bn=64,stages=3,halo=1,persist=1"),
     ("n=1,h=12,w=13,c=200,k=64,kh=3,kw=3,pad_h=1,pad_w=1", "bm=64,bn=64,stages=2,halo=1,persist=1"),
+    # dilated convs (the taps' form): DeepLabV3's rate 2 (+residual), rate 4 strided, a persistent one of 2 channel steps
+    ("n=2,h=14,w=14,c=64,k=128,kh=3,kw=3,pad_h=2,pad_w=2,dilation=2,residual=1", "bm=64,bn=64,stages=3"),
+    ("n=1,h=13,w=12,c=64,k=64,kh=3,kw=3,stride=2,pad_h=4,pad_w=4,dilation=4", "bm=64,bn=64,stages=2"),
+    ("n=2,h=10,w=9,c=128,k=64,kh=3,kw=3,pad_h=3,pad_w=3,dilation=3", "bm=64,bn=64,stages=3,persist=1"),
 ]
 PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo[, cs[, persist]]])
     ("n=2,h=14,w=14,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 4, 256, 128, True),
@@ -434,6 +439,9 @@ PAIRS = [  # (the 3x3 conv, bm, stages, k2, bn2, residual[, halo[, cs[, persist]
     # ... in the halo form: 2 chunks +residual, 1 chunk
     ("n=2,h=10,w=12,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 64, 2, 128, 64, True, 1, 1, 1),
     ("n=3,h=7,w=7,c=64,k=64,kh=3,kw=3,pad_h=1,pad_w=1", 128, 3, 64, 64, False, 1, 1, 1),
+    # a dilated pair (DeepLabV3's bottlenecks at rate 2), and in a cluster of 2
+    ("n=2,h=12,w=12,c=64,k=64,kh=3,kw=3,pad_h=2,pad_w=2,dilation=2", 64, 3, 256, 128, True),
+    ("n=1,h=9,w=9,c=64,k=256,kh=3,kw=3,pad_h=4,pad_w=4,dilation=4", 64, 3, 256, 64, True, 0, 2),
 ]
 
 

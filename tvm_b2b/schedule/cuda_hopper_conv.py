@@ -22,7 +22,9 @@ in shared memory, as wgmma reads them); which pixels a block takes and how TMA r
   that tile by TMA (y's map on r) while the mainloop runs, and the epilogue replaces it in place. TMA reads
   coordinates outside a tensor as zeros and does not write them: any pixel count works, and the conv's padding
   costs nothing;
-- the halo form (`halo=1`, stride-1 convs; Tiling): one box of x a 64-channel step for all taps, in buffers of its
+- a dilated conv in the taps' form: each tap's box `dilation` pixels from the last (Tiling.tap; its policy leaves
+  it to cuda_conv's kernel until measured: measured_slower);
+- the halo form (`halo=1`, undilated stride-1 convs; Tiling): one box of x a 64-channel step for all taps, in buffers of its
   own (two: one per channel step), beside the ring of w's tap tiles; a tap's wgmma operand starts rows into it;
 - a narrow conv (16 or 32 channels: narrow_taps; a stem as its space-to-depth cells, input_form) packs 4 or 2 taps
   into a step, each a box of x in rows of 32 or 64 bytes (TMA's and wgmma's 32B or 64B swizzle).
@@ -152,8 +154,6 @@ def spec_problem(spec: ConvSpec) -> str | None:
     """Why the kernel cannot compute this conv, or None."""
     if spec.groups != 1:
         return f"groups={spec.groups} (dense convs only)"
-    if spec.dilation != 1:  # its TMA boxes and halo rows assume adjacent taps
-        return f"dilation {spec.dilation} (undilated convs only)"
     if spec.stride > 8:
         return f"stride {spec.stride}: TMA traverses at most every 8th element"
     if spec.dtype != "float16":
@@ -171,6 +171,8 @@ def spec_problem(spec: ConvSpec) -> str | None:
 
 def halo_problem(spec: ConvSpec, bm: int) -> str | None:
     """Why the halo form (Tiling) cannot compute this conv in tiles of bm pixels, or None."""
+    if spec.dilation != 1:
+        return f"halo=1 takes an undilated conv (its taps are shifts of one box), not dilation {spec.dilation}"
     if spec.stride != 1 or flat(spec):
         return f"halo=1 takes a stride-1 conv of more than one tap, not a {spec.kh}x{spec.kw} conv of stride {spec.stride}"
     if narrow_taps(spec) > 1:
@@ -211,6 +213,9 @@ def measured_slower(spec: ConvSpec, blocks: int) -> str | None:
     if narrow_taps(spec) > 1:
         return (f"a conv of {spec.c} channels (a stem's cells) in {narrow_taps(spec)} taps a step: the mma.sync kernel "
                 "measured faster (H100, ResNet-50's stem at batch 32: 56.8 against 72.9 us)")
+    if spec.dilation != 1:
+        return (f"dilation {spec.dilation}: the taps' form computes it (each tap's box {spec.dilation} pixels from the "
+                "last), not yet measured against the mma.sync kernel")
     return None
 
 
@@ -381,7 +386,7 @@ class Tiling:
         if flat(self.spec) or subsampled(self.spec):
             return col, row, image
         s = self.spec
-        rh, rw = t // s.kw, t % s.kw
+        rh, rw = t // s.kw * s.dilation, t % s.kw * s.dilation  # (a dilated tap: its box d taps' rows and columns on)
         return col + rw - s.pad_w, s.stride * row + rh - s.pad_h, image
 
 
