@@ -60,7 +60,8 @@ def torch_conv_us(spec: ConvSpec, inputs) -> float | None:
     act = {"relu": torch.relu, "relu6": lambda v: torch.clamp(v, 0, 6), "none": lambda v: v}[spec.act]
 
     def run():
-        y = F.conv2d(x, w, stride=spec.stride, padding=(spec.pad_h, spec.pad_w), groups=spec.groups) * s + b
+        y = F.conv2d(x, w, stride=spec.stride, padding=(spec.pad_h, spec.pad_w), dilation=spec.dilation,
+                     groups=spec.groups) * s + b
         return act(y + r if r is not None else y)
 
     stream = torch.cuda.Stream()

@@ -63,6 +63,11 @@
 #   [NS="1 32" TESTS=0 LIMIT=S] bash bench/gpu_session.sh dwcluster CFG...   MobileNetV2's depthwise pairs on sm_90's cluster kernel
 #                                            (default config and each CFG, e.g. bm=16,cs=8) beside the template's fused kernel, our two
 #                                            kernels and cuDNN; its GPU tests first
+#   bash bench/gpu_session.sh splitk         bench/experiments/split_k.py: DeepLabV3's deep dilated convs at batch 1 (and ResNet-50's) with
+#                                            each split-K factor of the mma.sync kernel, against cuDNN: what split_factor is chosen from
+#   [NS="8 32"] bash bench/gpu_session.sh dilated   the TMA + wgmma kernels on dilated convs and pairs: their GPU tests, then
+#                                            DeepLabV3's dilated 3x3s (batch NS) on mma.sync (=0) and on TMA + wgmma (=all),
+#                                            and its bottleneck pairs fused each way, numpy-checked: whether they become defaults
 #   bash bench/gpu_session.sh legalized      the ops TVM legalizes (max-pool, the stem's input cells): our rules vs TVM's
 #   bash bench/gpu_session.sh rpc            the GPU test of tuning through an RPC tracker (its tracker needs tornado, not on
 #                                            the machine: carry ".devcarry/wheels" made by `pip download -d .devcarry/wheels tornado`)
@@ -424,6 +429,27 @@ case "$1" in
     for c in ${CASES:-}; do specs+=(--spec "$c"); done
     TVM_B2B_HOPPER=${TVM_B2B_HOPPER:-0} timeout "${LIMIT:-300}" python3 bench/bench_convs.py "${specs[@]}" "${cfgs[@]}" --json "$out/convs${TAG:-}.json" 2>&1 \
       | tee "$out/convs${TAG:-}.txt" | grep -v "^\s*$"
+    ;;
+  splitk)  # the mma.sync kernel's split-K factors on deep convs of few blocks (~3 min)
+    timeout "${LIMIT:-400}" python3 bench/experiments/split_k.py --json "$out/split_k.json" 2>&1 | grep -v "^\s*$" \
+      | tee "$out/split_k.txt" | cut -c1-220
+    ;;
+  dilated)  # dilated convs and pairs on TMA + wgmma (taps' form) against the mma.sync kernels, numpy-checked
+    timeout 200 python3 -m pytest -m gpu -q -rf --tb=line -p no:cacheprovider tests/test_cuda_hopper_conv.py \
+      tests/test_cuda_hopper_pair.py -k "dilation" 2>&1 | tail -4
+    for n in ${NS:-8 32}; do
+      specs=""
+      for s in h=28,w=28,c=256,k=256,kh=3,kw=3,pad_h=2,pad_w=2,dilation=2 h=28,w=28,c=512,k=512,kh=3,kw=3,pad_h=4,pad_w=4,dilation=4 \
+               h=28,w=28,c=2048,k=256,kh=3,kw=3,pad_h=12,pad_w=12,dilation=12; do specs="$specs --spec n=$n,$s,dtype=float16"; done
+      for mode in 0 all; do
+        TVM_B2B_HOPPER=$mode timeout "${LIMIT:-200}" python3 bench/bench_convs.py $specs --config default \
+          --json "$out/convs_dilated_n${n}_$mode.json" 2>&1 | grep -v "^\s*$" | tee "$out/convs_dilated_n${n}_$mode.txt" | cut -c1-170
+      done
+      timeout "${LIMIT:-200}" python3 bench/bench_fused.py --case n=$n,h=28,w=28,c=256,k1=256,k2=1024,dilation=2,residual=1,dtype=float16 \
+        --case n=$n,h=28,w=28,c=512,k1=512,k2=2048,dilation=4,residual=1,dtype=float16 --singles \
+        --config TVM_B2B_HOPPER_PAIR=0:default --config TVM_B2B_HOPPER_PAIR=all:default \
+        --json "$out/fused_dilated_n$n.json" 2>&1 | grep -v "^\s*$" | tee "$out/fused_dilated_n$n.txt" | cut -c1-170
+    done
     ;;
   legalized)
     timeout 120 python3 bench/bench_legalized.py --json "$out/legalized.json" 2>&1 | tee "$out/legalized.txt" | tail -6
