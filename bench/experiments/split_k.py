@@ -86,8 +86,8 @@ def main() -> int:
                "us": {t: measure(spec, t, inputs, want) for t in splits_taken(spec)},
                "torch_cudnn_us": torch_conv_us(spec, inputs), "roofline_us": roofline_us(spec, peaks)}
         shown = "  ".join(f"{t}: {us:.1f}" for t, us in row["us"].items() if us)
-        print(f"{text:70} split now {row['default_split']}; us by split  {shown};  cuDNN {row['torch_cudnn_us']:.1f},"
-              f" roofline {row['roofline_us']:.1f}", flush=True)
+        cudnn, roof = (f"{row[key]:.1f}" if row[key] else "-" for key in ("torch_cudnn_us", "roofline_us"))
+        print(f"{text:70} split now {row['default_split']}; us by split  {shown};  cuDNN {cudnn}, roofline {roof}", flush=True)
         results.append(row)
     if args.json:
         with open(args.json, "w") as f:
