@@ -84,6 +84,17 @@ def test_a_shared_weight_is_copied():
     np.testing.assert_allclose(_run(out, shape), _run(model, shape), rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_declared_as_an_input_too():
+    """An older exporter's model lists its initializers among the graph's inputs: the cut weight's declaration goes
+    (its shape would contradict the slice), and onnxruntime runs the result to the same output."""
+    shape = (1, 4, 28, 28)
+    model = _model([dict(pads=[36] * 4, dilations=[36, 36])], shape)
+    model.graph.input.append(helper.make_tensor_value_info("w0", TensorProto.FLOAT, (6, 4, 3, 3)))
+    out = dead_taps_dropped(model)
+    assert [i.name for i in out.graph.input] == ["x"] and _convs(out) == [([1, 1], [0] * 4, [1, 1])]
+    np.testing.assert_allclose(_run(out, shape), _run(model, shape), rtol=1e-5, atol=1e-5)
+
+
 @given(size=st.integers(1, 12), k=st.integers(1, 5), stride=st.integers(1, 3), dilation=st.integers(1, 9),
        begin=st.integers(0, 20), end=st.integers(0, 20))
 @settings(max_examples=200, deadline=None)

@@ -79,7 +79,8 @@ def _live_taps(conv, size, kernel) -> tuple[list, list, list, list] | None:
 
 def _cut(model, conv, weight, ranges, pads, dilations, kernel) -> None:
     """Slice the conv's weight to `ranges` (a copy of its own where another node reads it too) and set its
-    attributes."""
+    attributes. The weight's declaration as a graph input (older exporters list initializers there) goes with it:
+    its shape would contradict the slice."""
     from onnx import numpy_helper
 
     (h0, h1), (w0, w1) = ranges
@@ -88,6 +89,8 @@ def _cut(model, conv, weight, ranges, pads, dilations, kernel) -> None:
     name = weight.name if readers == 1 else f"{weight.name}_taps_{conv.output[0]}"
     if readers == 1:
         model.graph.initializer.remove(weight)
+        for declared in [i for i in model.graph.input if i.name == weight.name]:
+            model.graph.input.remove(declared)
     model.graph.initializer.append(numpy_helper.from_array(sliced, name))
     conv.input[1] = name
     _set_attr(conv, "pads", pads)
