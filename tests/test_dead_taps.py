@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_b2b.frontend.conv_pads import _attr, _ints
+from tvm_b2b.frontend.onnx_nodes import attr, ints
 from tvm_b2b.frontend.dead_taps import dead_taps_dropped, live_range
 
 
@@ -39,7 +39,7 @@ def _run(model, shape):
 
 def _convs(model):
     weights = {i.name: i for i in model.graph.initializer}
-    return [(list(weights[n.input[1]].dims[2:]), _ints(n, "pads", [0] * 4), _ints(n, "dilations", [1, 1]))
+    return [(list(weights[n.input[1]].dims[2:]), ints(n, "pads", [0] * 4), ints(n, "dilations", [1, 1]))
             for n in model.graph.node if n.op_type == "Conv"]
 
 
@@ -61,7 +61,7 @@ def test_dead_taps_cut(conv, shape, want):
     assert _convs(out) == [want]
     np.testing.assert_allclose(_run(out, shape), _run(model, shape), rtol=1e-5, atol=1e-5)
     node = next(n for n in out.graph.node if n.op_type == "Conv")
-    assert _ints(node, "kernel_shape", None) == want[0]
+    assert ints(node, "kernel_shape", None) == want[0]
 
 
 def test_live_taps_kept():
@@ -80,7 +80,7 @@ def test_a_shared_weight_is_copied():
     model = _model([dict(pads=[1] * 4), dict(pads=[8] * 4, dilations=[8, 8])], shape, shared=True)
     out = dead_taps_dropped(model)
     assert _convs(out) == [([3, 3], [1] * 4, [1, 1]), ([1, 1], [0] * 4, [1, 1])]
-    assert len(out.graph.initializer) == 2 and _attr(out.graph.node[0], "kernel_shape") == [3, 3]
+    assert len(out.graph.initializer) == 2 and attr(out.graph.node[0], "kernel_shape") == [3, 3]
     np.testing.assert_allclose(_run(out, shape), _run(model, shape), rtol=1e-5, atol=1e-5)
 
 

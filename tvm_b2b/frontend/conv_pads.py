@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .onnx_nodes import attr, ints, set_attr, value_shapes
+
 
 def conv_pads_inlined(model):
     """`model` with its Convs' auto_pad SAME_* written as pads (where the input's shape is static) and each zero Pad
@@ -29,24 +31,23 @@ def conv_pads_inlined(model):
 def _explicit_same_pads(model) -> bool:
     import onnx
 
-    convs = [n for n in model.graph.node if n.op_type == "Conv" and _attr(n, "auto_pad", b"NOTSET") in (b"SAME_UPPER",
+    convs = [n for n in model.graph.node if n.op_type == "Conv" and attr(n, "auto_pad", b"NOTSET") in (b"SAME_UPPER",
                                                                                                         b"SAME_LOWER")]
     if not convs:
         return False
-    from .static_shapes import _static_shapes
 
     try:
-        shapes = _static_shapes(onnx.shape_inference.infer_shapes(model).graph)
+        shapes = value_shapes(onnx.shape_inference.infer_shapes(model).graph)
     except Exception:  # noqa: BLE001 - without shapes the importer pads as it does
         return False
     changed = False
     for conv in convs:
         shape, kernel = shapes.get(conv.input[0]), _kernel(model, conv)
-        if shape is None or len(shape) != 4 or kernel is None or _ints(conv, "dilations", [1, 1]) != [1, 1]:
+        if shape is None or len(shape) != 4 or kernel is None or ints(conv, "dilations", [1, 1]) != [1, 1]:
             continue  # (a dilated one: onnxruntime, the reference, runs none)
-        pads = same_pads(shape[2:], kernel, _ints(conv, "strides", [1, 1]), upper=_attr(conv, "auto_pad") == b"SAME_UPPER")
-        _set_attr(conv, "auto_pad", None)
-        _set_attr(conv, "pads", pads)
+        pads = same_pads(shape[2:], kernel, ints(conv, "strides", [1, 1]), upper=attr(conv, "auto_pad") == b"SAME_UPPER")
+        set_attr(conv, "auto_pad", None)
+        set_attr(conv, "pads", pads)
         changed = True
     return changed
 
@@ -85,7 +86,7 @@ def _fold_zero_pads(model) -> bool:
         if any(m is None for m in merged):
             continue
         for conv, pads in zip(convs, merged):
-            _set_attr(conv, "pads", pads)
+            set_attr(conv, "pads", pads)
             conv.input[0] = pad.input[0]
         folded.append(pad)
     for pad in folded:
@@ -99,7 +100,7 @@ def _fold_zero_pads(model) -> bool:
 
 def _zero_spatial_pads(pad, constants: dict) -> list[int] | None:
     """The (top, left, bottom, right) of a 4-D Pad of zeros in constant mode on the spatial axes only, else None."""
-    if _attr(pad, "mode", b"constant") != b"constant":
+    if attr(pad, "mode", b"constant") != b"constant":
         return None
     if len(pad.input) > 1:  # opset 11+: pads, [constant_value], [axes] as inputs
         pads = constants.get(pad.input[1])
@@ -108,7 +109,7 @@ def _zero_spatial_pads(pad, constants: dict) -> list[int] | None:
         if pads is None or value is None or (len(pad.input) > 3 and pad.input[3] and axes is None):
             return None
     else:
-        pads, value, axes = np.array(_ints(pad, "pads", [])), np.array(_attr(pad, "value", 0.0)), None
+        pads, value, axes = np.array(ints(pad, "pads", [])), np.array(attr(pad, "value", 0.0)), None
     pads = [int(p) for p in np.asarray(pads).ravel()]
     if axes is not None:
         full = [0] * 8
@@ -123,11 +124,11 @@ def _zero_spatial_pads(pad, constants: dict) -> list[int] | None:
 def _merged_pads(model, conv, spatial: list[int]) -> list[int] | None:
     """The conv's pads plus `spatial`, where it has no auto_pad and each side stays smaller than the kernel's span."""
     kernel = _kernel(model, conv)
-    if kernel is None or len(kernel) != 2 or _attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", b""):
+    if kernel is None or len(kernel) != 2 or attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", b""):
         return None
-    dilations = _ints(conv, "dilations", [1, 1])
+    dilations = ints(conv, "dilations", [1, 1])
     spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)] * 2
-    pads = [a + b for a, b in zip(_ints(conv, "pads", [0] * 4), spatial)]
+    pads = [a + b for a, b in zip(ints(conv, "pads", [0] * 4), spatial)]
     return pads if all(p < span for p, span in zip(pads, spans)) else None
 
 
@@ -147,29 +148,8 @@ def _constants(model) -> dict:
 
 
 def _kernel(model, conv) -> list[int] | None:
-    shape = _ints(conv, "kernel_shape", None)
+    shape = ints(conv, "kernel_shape", None)
     if shape is not None:
         return shape
     weight = next((init for init in model.graph.initializer if init.name == conv.input[1]), None)
     return list(weight.dims[2:]) if weight is not None else None
-
-
-def _attr(node, name: str, default=None):
-    from onnx import helper
-
-    found = next((a for a in node.attribute if a.name == name), None)
-    return default if found is None else helper.get_attribute_value(found)
-
-
-def _ints(node, name: str, default):
-    value = _attr(node, name)
-    return default if value is None else [int(v) for v in value]
-
-
-def _set_attr(node, name: str, value) -> None:
-    """Set (or, with None, remove) one attribute of a node."""
-    from onnx import helper
-
-    kept = [a for a in node.attribute if a.name != name]
-    del node.attribute[:]
-    node.attribute.extend(kept + ([helper.make_attribute(name, value)] if value is not None else []))

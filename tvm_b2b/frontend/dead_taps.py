@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .conv_pads import _attr, _ints, _set_attr
+from .onnx_nodes import attr, ints, set_attr, value_shapes
 
 
 def dead_taps_dropped(model):
@@ -20,13 +20,11 @@ def dead_taps_dropped(model):
     weight a constant); the model itself where no conv has such taps."""
     import onnx
 
-    convs = [n for n in model.graph.node if n.op_type == "Conv" and any(d > 1 for d in _ints(n, "dilations", [1, 1]))]
+    convs = [n for n in model.graph.node if n.op_type == "Conv" and any(d > 1 for d in ints(n, "dilations", [1, 1]))]
     if not convs:  # (undilated taps reach at most k - 1 - pad < k pixels out: one of them always reads the input)
         return model
-    from .static_shapes import _static_shapes
-
     try:
-        shapes = _static_shapes(onnx.shape_inference.infer_shapes(model).graph)
+        shapes = value_shapes(onnx.shape_inference.infer_shapes(model).graph)
     except Exception:  # noqa: BLE001 - without shapes every tap stays
         return model
     out = onnx.ModelProto()
@@ -37,7 +35,7 @@ def dead_taps_dropped(model):
         shape, weight = shapes.get(conv.input[0]), weights.get(conv.input[1])
         if shape is None or len(shape) != 4 or weight is None or len(weight.dims) != 4:
             continue
-        if _attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", b""):
+        if attr(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", b""):
             continue
         cut = _live_taps(conv, shape[2:], list(weight.dims[2:]))
         if cut is not None:
@@ -62,8 +60,8 @@ def live_range(size: int, k: int, stride: int, dilation: int, begin: int, end: i
 def _live_taps(conv, size, kernel) -> tuple[list, list, list, list] | None:
     """The conv's live taps along each spatial axis ((first, last) each), its new pads, dilations and kernel shape; None
     where every tap lives, or where cutting would make a pad negative."""
-    strides, dilations = _ints(conv, "strides", [1, 1]), _ints(conv, "dilations", [1, 1])
-    pads = _ints(conv, "pads", [0, 0, 0, 0])
+    strides, dilations = ints(conv, "strides", [1, 1]), ints(conv, "dilations", [1, 1])
+    pads = ints(conv, "pads", [0, 0, 0, 0])
     ranges = [live_range(n, k, s, d, pads[i], pads[i + 2]) or (0, k - 1)
               for i, (n, k, s, d) in enumerate(zip(size, kernel, strides, dilations))]
     if all(r == (0, k - 1) for r, k in zip(ranges, kernel)):
@@ -93,7 +91,7 @@ def _cut(model, conv, weight, ranges, pads, dilations, kernel) -> None:
             model.graph.input.remove(declared)
     model.graph.initializer.append(numpy_helper.from_array(sliced, name))
     conv.input[1] = name
-    _set_attr(conv, "pads", pads)
-    _set_attr(conv, "dilations", dilations)
-    if _attr(conv, "kernel_shape") is not None:
-        _set_attr(conv, "kernel_shape", kernel)
+    set_attr(conv, "pads", pads)
+    set_attr(conv, "dilations", dilations)
+    if attr(conv, "kernel_shape") is not None:
+        set_attr(conv, "kernel_shape", kernel)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .onnx_nodes import value_shapes
+
 # the ops of shape arithmetic; a node of these whose inputs are all known (and small) becomes a constant
 SHAPE_OPS = {"Shape", "Size", "Constant", "Gather", "Unsqueeze", "Squeeze", "Concat", "Add", "Sub", "Mul", "Div",
              "Cast", "Slice", "Range", "Equal", "Where", "ConstantOfShape", "Reshape", "Identity", "Min", "Max",
@@ -35,7 +37,7 @@ def _fold_once(model):
     from onnx import numpy_helper
 
     try:
-        shapes = _static_shapes(onnx.shape_inference.infer_shapes(model, data_prop=True).graph)
+        shapes = value_shapes(onnx.shape_inference.infer_shapes(model, data_prop=True).graph)
     except Exception:  # noqa: BLE001 - a model shape inference cannot follow is imported as it is
         return model
     known = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer
@@ -95,19 +97,6 @@ def _run(node, feeds: dict, opset: int):
         return [np.asarray(v) for v in ReferenceEvaluator(model).run(None, feeds)]
     except Exception:  # noqa: BLE001 - what the evaluator cannot run stays a node for the importer
         return None
-
-
-def _static_shapes(graph) -> dict:
-    """name -> tuple of ints, for every value whose shape inference found every dimension."""
-    shapes = {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        tensor = value.type.tensor_type
-        if not tensor.HasField("shape"):
-            continue
-        dims = tensor.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = tuple(d.dim_value for d in dims)
-    return shapes
 
 
 def _inputs(nodes) -> set:
