@@ -21,7 +21,8 @@ def _model(convs, shape, c=4, k=6, shared=False):
         kernel = conv.pop("kernel", (3, 3))
         weight = "w0" if shared else f"w{i}"
         if not shared or i == 0:
-            inits.append(numpy_helper.from_array(rng.standard_normal((k, c, *kernel)).astype(np.float32), weight))
+            per_group = c // conv.get("group", 1)
+            inits.append(numpy_helper.from_array(rng.standard_normal((k, per_group, *kernel)).astype(np.float32), weight))
         nodes.append(helper.make_node("Conv", ["x", weight], [f"y{i}"], kernel_shape=list(kernel), **conv))
     out = "y0"
     for i in range(1, len(convs)):
@@ -54,6 +55,8 @@ def _convs(model):
     (dict(pads=[0, 1, 8, 1], dilations=[4, 1], strides=[3, 1]), (1, 4, 8, 5), ([2, 3], [0, 1, 4, 1], [4, 1])),
     # a 5x5 whose outer ring of taps reads nothing
     (dict(pads=[12] * 4, dilations=[6, 6], kernel=(5, 5)), (1, 4, 8, 8), ([3, 3], [6] * 4, [6, 6])),
+    # depthwise-grouped (a segmentation head's dilated depthwise 3x3)
+    (dict(pads=[16] * 4, dilations=[16, 16], group=2), (1, 4, 10, 10), ([1, 1], [0] * 4, [1, 1])),
 ])
 def test_dead_taps_cut(conv, shape, want):
     model = _model([conv], shape)
