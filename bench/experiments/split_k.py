@@ -43,16 +43,11 @@ SPECS = [
 
 
 def splits_taken(spec: ConvSpec) -> list[int]:
-    """The split factors the kernel takes for the spec's default config: 1, whole taps per slice (a conv of several
-    taps), else powers of two of its steps; each slice 2 steps or more."""
+    """The split factors the kernel takes for the spec's default config (cuda_conv.split_candidates, and 1), each
+    slice 2 steps or more."""
     cfg = cuda_conv.default_config(spec, 90)
-    ext, padded = cuda_conv.extents(spec), cuda_conv.kernel_spec(spec)
-    steps, taps = ext["r"] // cfg.k_tile, padded.kh * padded.kw
-    if taps > 1:
-        fits = [t for t in range(2, taps + 1) if taps % t == 0 and (padded.r // t) % cfg.k_tile == 0 and ext["r"] == padded.r]
-    else:
-        fits = [2 ** i for i in range(1, 6) if steps % 2 ** i == 0]
-    return [1] + [t for t in fits if steps // t >= 2]
+    steps = cuda_conv.extents(spec)["r"] // cfg.k_tile
+    return [1] + [t for t in cuda_conv.split_candidates(spec, cfg) if steps // t >= 2]
 
 
 def measure(spec: ConvSpec, split: int, inputs, want) -> float | None:

@@ -153,20 +153,25 @@ def split_factor(spec: ConvSpec, cfg: WmmaConfig) -> int:
     element by element instead of with cp.async (H200: 21 us instead of 16 for ResNet-50's 14x14 3x3
     at batch 1). ResNet-50's 7x7 and 14x14 layers at batch 1 (49 or 196 pixels: 16-32 blocks for 132 SMs,
     each running the whole reduction alone) split 8-9 ways."""
-    ext, spec = extents(spec), kernel_spec(spec)
-    if spec.groups > 1:  # (op.conv.split_prim_funcs is dense: a grouped conv's groups are its blocks)
+    ext = extents(spec)
+    if kernel_spec(spec).groups > 1:  # (op.conv.split_prim_funcs is dense: a grouped conv's groups are its blocks)
         return 1
     blocks = ext["m"] // cfg.m_tile * (ext["k"] // cfg.n1_tile)
     steps = ext["r"] // cfg.k_tile
-    taps = spec.kh * spec.kw
     if blocks >= MIN_BLOCKS // 2:
         return 1
-    if taps > 1:  # whole taps per slice, each a whole number of steps
-        fits = [t for t in range(2, taps + 1) if taps % t == 0 and (spec.r // t) % cfg.k_tile == 0 and ext["r"] == spec.r]
-    else:
-        fits = [2 ** i for i in range(1, 6) if steps % 2 ** i == 0]
-    fits = [t for t in fits if blocks * t <= 2 * MIN_BLOCKS and steps // t >= 4]
+    fits = [t for t in split_candidates(spec, cfg) if blocks * t <= 2 * MIN_BLOCKS and steps // t >= 4]
     return max(fits, default=1)
+
+
+def split_candidates(spec: ConvSpec, cfg: WmmaConfig) -> list[int]:
+    """The split-K factors over 1 that the kernel takes for this config: whole taps per slice, each a whole number of
+    steps (a conv of several taps), else powers of two of the steps up to 32."""
+    ext, spec = extents(spec), kernel_spec(spec)
+    taps, steps = spec.kh * spec.kw, ext["r"] // cfg.k_tile
+    if taps > 1:
+        return [t for t in range(2, taps + 1) if taps % t == 0 and (spec.r // t) % cfg.k_tile == 0 and ext["r"] == spec.r]
+    return [2 ** i for i in range(1, 6) if steps % 2 ** i == 0]
 
 
 def schedule_split_sum(func) -> s_tir.Schedule:

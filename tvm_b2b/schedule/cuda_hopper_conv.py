@@ -1001,22 +1001,19 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
                             g = T.meta_var(it * all_steps + ko)
                             if g >= stages:
                                 T.cuda.mbarrier_wait(T.address_of(empty[g % stages]), (g // stages + 1) % 2)
-                            if fused:  # one copy of the scale and bias (if in shared memory), with the first tile's
-                                if ko < n_steps:
-                                    load_step(tiles, full, x_full, x_empty, x_map, w_map, g, it * c_steps, ko, tile_k,
-                                              tile_i, first_step_bytes(g))
+                            if not fused or ko < n_steps:  # the (first) conv's step
+                                load_step(tiles, full, x_full, x_empty, x_map, w_map, g, it * c_steps, ko, tile_k, tile_i,
+                                          first_step_bytes(g if fused else ko))
+                                if fused:  # one copy of the scale and bias (if in shared memory), with the first tile's
                                     if sb_floats > 0:
                                         if g == 0:
                                             load_scale_bias(s, b, s2, b2, s_tile, b_tile, 0, 0, T.address_of(full[0]))
-                                else:
-                                    load_w2_step(tiles, full, w2_map, g, ko - n_steps, 0)
-                            else:
-                                load_step(tiles, full, x_full, x_empty, x_map, w_map, g, it * c_steps, ko, tile_k, tile_i,
-                                          first_step_bytes(ko))
-                                if ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the
+                                elif ko == 0:  # the tile's scale and bias, into the copies its epilogue reads (two: the
                                     # last tile's epilogue may still read the other)
                                     load_scale_bias(s, b, s2, b2, s_tile, b_tile, it % 2 * bn, tile_k,
                                                     T.address_of(full[g % stages]))
+                            else:
+                                load_w2_step(tiles, full, w2_map, g, ko - n_steps, 0)
             else:
                 if tx == wgs * 128:
                     for ko in T.serial(all_steps):
