@@ -158,10 +158,27 @@ def split_factor(spec: ConvSpec, cfg: WmmaConfig) -> int:
         return 1
     blocks = ext["m"] // cfg.m_tile * (ext["k"] // cfg.n1_tile)
     steps = ext["r"] // cfg.k_tile
-    if blocks >= MIN_BLOCKS // 2:
-        return 1
-    fits = [t for t in split_candidates(spec, cfg) if blocks * t <= 2 * MIN_BLOCKS and steps // t >= 4]
-    return max(fits, default=1)
+    if blocks < MIN_BLOCKS // 2:
+        fits = [t for t in split_candidates(spec, cfg) if blocks * t <= 2 * MIN_BLOCKS and steps // t >= 4]
+        return max(fits, default=1)
+    waves = deep_split_waves()
+    if waves and steps >= DEEP_STEPS and blocks < waves * MIN_BLOCKS:
+        fits = [t for t in split_candidates(spec, cfg) if blocks * t <= waves * MIN_BLOCKS and steps // t >= 8]
+        return max(fits, default=1)
+    return 1
+
+
+DEEP_SPLIT_ENV = "TVM_B2B_SPLIT_DEEP"  # W: split deep reductions (DEEP_STEPS or more) of 64 or more blocks up to W * MIN_BLOCKS
+DEEP_STEPS = 32
+
+
+def deep_split_waves() -> int:
+    """TVM_B2B_SPLIT_DEEP as a number of MIN_BLOCKS waves (0 where unset: deep reductions of 64 blocks or more
+    unsplit); anything but a whole number is a ValueError naming the switch."""
+    text = os.environ.get(DEEP_SPLIT_ENV, "0")
+    if not text.isdigit():
+        raise ValueError(f"{DEEP_SPLIT_ENV}={text}: a whole number of {MIN_BLOCKS}-block waves")
+    return int(text)
 
 
 def split_candidates(spec: ConvSpec, cfg: WmmaConfig) -> list[int]:
