@@ -64,7 +64,9 @@
 #                                            (default config and each CFG, e.g. bm=16,cs=8) beside the template's fused kernel, our two
 #                                            kernels and cuDNN; its GPU tests first
 #   bash bench/gpu_session.sh splitk         bench/experiments/split_k.py: DeepLabV3's deep dilated convs at batch 1 (and ResNet-50's) with
-#                                            each split-K factor of the mma.sync kernel, against cuDNN: what split_factor is chosen from
+#                                            each split-K factor of the mma.sync kernel, against cuDNN: what split_factor is chosen from;
+#                                            the model's A/B of the candidate rule: VAR=TVM_B2B_SPLIT_DEEP MODES="0 4 8" ... enve2e
+#                                            deeplabv3_resnet50:1 (cuda_conv.deep_split_waves)
 #   [NS="8 32"] bash bench/gpu_session.sh dilated   the TMA + wgmma kernels on dilated convs and pairs: their GPU tests, then
 #                                            DeepLabV3's dilated 3x3s (batch NS) on mma.sync (=0) and on TMA + wgmma (=all),
 #                                            and its bottleneck pairs fused each way, numpy-checked: whether they become defaults

@@ -351,19 +351,22 @@ def test_cuda_conv_random_shapes(spec):
     _assert_computes_op(dataclasses.replace(spec, dtype="float16"), "cuda", seed=2)
 
 
-def test_split_k_definition_computes_the_op():
+@pytest.mark.parametrize("dilation,splits", [(1, 4), (3, 3)], ids=["plain", "dilated"])
+def test_split_k_definition_computes_the_op(dilation, splits):
     """op.conv.split_prim_funcs (the reduction split over two kernels), compiled unscheduled for the
-    CPU, matches the reference: the definition CUDA's split-K plan schedules."""
+    CPU, matches the reference: the definition CUDA's split-K plan schedules (a dilated conv's between taps, as
+    TVM_B2B_SPLIT_DEEP splits DeepLabV3's)."""
     import tvm
 
     from tvm_b2b.op.conv import padded_conv_extents, split_prim_funcs
 
-    spec = ConvSpec(n=1, h=7, w=6, c=24, k=20, kh=3, kw=3, pad_h=1, pad_w=1, residual=True, act="relu6", dtype="float32")
+    spec = ConvSpec(n=1, h=7, w=6, c=24, k=20, kh=3, kw=3, pad_h=dilation, pad_w=dilation, dilation=dilation,
+                    residual=True, act="relu6", dtype="float32")
     ext = padded_conv_extents(spec, 32, 64, 64)
     inputs = conv_random_inputs(spec, seed=4)
-    first, second = (tvm.compile(tvm.IRModule({"main": f}), "llvm") for f in split_prim_funcs(spec, ext, splits=4))
+    first, second = (tvm.compile(tvm.IRModule({"main": f}), "llvm") for f in split_prim_funcs(spec, ext, splits=splits))
     dev = tvm.cpu()
-    partial = tvm.runtime.empty((4, ext["m"], ext["k"]), "float32", dev)
+    partial = tvm.runtime.empty((splits, ext["m"], ext["k"]), "float32", dev)
     first(*(tvm.runtime.tensor(inputs[k], dev) for k in ("x", "w")), partial)
     out = tvm.runtime.empty((spec.m, spec.k), "float32", dev)
     second(partial, *(tvm.runtime.tensor(inputs[k], dev) for k in ("s", "b")),
@@ -412,6 +415,25 @@ def test_cuda_plan_splits_the_reduction_where_blocks_are_few(tmp_path):
     assert len(plan(ConvSpec(n=32, h=56, w=56, c=64, k=256), target).kernels) == 1
     if "sm_90" in nvcc_arches():
         nvcc_compile(compiled_source(planned.kernels, target), "sm_90", tmp_path)
+
+
+def test_deep_split_switch_splits_only_deep_reductions_of_many_blocks(monkeypatch):
+    """TVM_B2B_SPLIT_DEEP=W (an experiment until measured): DeepLabV3's ASPP 3x3 at batch 1 (104 blocks of 288 steps)
+    splits between taps, as many as keep W * MIN_BLOCKS blocks of 8 steps or more; a shallow reduction (8 steps) of
+    as many blocks, and every conv without the switch, stays whole; a value that is not a whole number fails naming
+    the switch."""
+    from tvm_b2b.schedule.cuda_conv import DEEP_SPLIT_ENV, default_config, split_factor
+
+    aspp = ConvSpec(n=1, h=28, w=28, c=2048, k=256, kh=3, kw=3, pad_h=12, pad_w=12, dilation=12, dtype="float16")
+    shallow = ConvSpec(n=1, h=28, w=28, c=512, k=2048, residual=True, dtype="float16")
+    factors = {}
+    for waves in ("0", "4", "8"):
+        monkeypatch.setenv(DEEP_SPLIT_ENV, waves)
+        factors[waves] = [split_factor(s, default_config(s, 90)) for s in (aspp, shallow)]
+    assert factors == {"0": [1, 1], "4": [3, 1], "8": [9, 1]}
+    monkeypatch.setenv(DEEP_SPLIT_ENV, "many")
+    with pytest.raises(ValueError, match=DEEP_SPLIT_ENV):
+        split_factor(aspp, default_config(aspp, 90))
 
 
 @pytest.mark.gpu
