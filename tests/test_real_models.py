@@ -151,8 +151,8 @@ def test_model_with_mixed_shared_pools_compiles_with_nvcc(exports, tmp_path, arc
 
 def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     """torchvision's ResNet-50 at batch 32 (the model that failed to compile on the H200): 12 pairs fused on the Hopper
-    pair kernel (where it measured faster: all with k1 <= 256 but layer 3's strided one), the others as two convs; its
-    whole CUDA compiles with nvcc."""
+    pair kernel (where it measured faster: all with k1 <= 256 but layer 3's strided one), the others as two convs, the
+    report saying why the Hopper kernel left each; its whole CUDA compiles with nvcc."""
     path = exports("resnet50", 32, 224)
     candidates, source = build_for_sm90(path, tmp_path)
     pairs = pairs_of(candidates)
@@ -160,6 +160,10 @@ def test_resnet50_batch32_builds_for_sm90(exports, tmp_path):
     assert len(pairs) == 16 and fused == [f"layer1.{i}" for i in range(3)] + [f"layer2.{i}" for i in range(4)] + [
         f"layer3.{i}" for i in range(1, 6)], fused
     assert all("wgmma" in str(k.attrs["global_symbol"]) for p in pairs if p.fused for k in p.plan.kernels)
+    # report: why the Hopper pair kernel did not take the others, not only the mma.sync template's "k1 > 64"
+    unfused = {p.conv3x3.split("/")[2]: p.reason for p in pairs if not p.fused}
+    assert "(not on Hopper TMA + wgmma: a strided 3x3 of k1=256" in unfused["layer3.0"], unfused
+    assert all("(not on Hopper TMA + wgmma: k1=512 takes the cluster form" in unfused[f"layer4.{i}"] for i in range(3))
     convs = conv_kernels(conv_names(onnx.load(path)), candidates)
     kinds = [c["kernel"] for c in convs]
     # every conv on our tensor-core kernels: the rest of the pairs (two kernels) and 21 single convs

@@ -151,7 +151,7 @@ def _plan_candidate(candidate, target, dtype, fuse: bool, db) -> None:
     candidate.config = config_note(candidate.plan.config, tuned=config is not None)
     if candidate.kind == PAIR and not candidate.plan.fused:
         # its convs are single convs then (the next kind's): the same template, exact extents, split-K
-        reason = candidate.plan.reason
+        reason = candidate.plan.reason + (f" (not on {candidate.plan.passed_over})" if candidate.plan.passed_over else "")
         candidate.fused, candidate.plan, candidate.reason = False, None, f"{reason}; its convs run as single convs"
 
 
