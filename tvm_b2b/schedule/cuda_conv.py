@@ -267,11 +267,11 @@ class ConvTensorCoreRule(TensorCoreRule):
         if splits > 1:  # the partial sums are float32: the staged epilogue stores them
             cfg = dataclasses.replace(cfg, epilogue=0)
             first, second = split_prim_funcs(padded, ext, splits)
-            (sch,), used = buildable_schedules([first], padded, cfg, info.target)
+            (sch,), used = buildable_schedules([first], padded, cfg, info.target, given=config is not None)
             total = schedule_split_sum(second)
             return Plan([marked(sch), total.mod["main"]], False, used, "", (splits, ext["m"], ext["k"]), [sch, total],
                         input_form=input_form(spec), mid_dtype="float32")
-        schedules, used = buildable_schedules([conv_prim_func(padded, ext)], padded, cfg, info.target)
+        schedules, used = buildable_schedules([conv_prim_func(padded, ext)], padded, cfg, info.target, given=config is not None)
         return Plan([marked(sch) for sch in schedules], True, used, "", None, schedules, input_form=input_form(spec))
 
 

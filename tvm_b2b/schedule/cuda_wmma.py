@@ -644,12 +644,15 @@ class TensorCoreRule:
             reason = self._too_large(spec, cfg, arch)
         if reason and not unfused:
             return Plan([], False, cfg, reason, fusable=reason == slower)
-        schedules, used = buildable_schedules(self._funcs(spec, not reason), spec, cfg, info.target, self.schedule_class)
+        given = config is not None and not slower
+        schedules, used = buildable_schedules(self._funcs(spec, not reason), spec, cfg, info.target, self.schedule_class,
+                                              given)
         if not reason and used != cfg and not self.fits_shared_memory(spec, used, arch):
             reason = self._too_large(spec, used, arch)  # the staged epilogue's fallback needs more: two kernels
             if not unfused:
                 return Plan([], False, used, reason, fusable=False)
-            schedules, used = buildable_schedules(self._funcs(spec, False), spec, used, info.target, self.schedule_class)
+            schedules, used = buildable_schedules(self._funcs(spec, False), spec, used, info.target, self.schedule_class,
+                                                  given)
         ext = self.extents(spec)
         return Plan([marked(sch) for sch in schedules], not reason, used, reason or "",
                     (ext["m"], ext["k1"]) if reason else None, schedules, fusable=not reason or reason == slower)
@@ -674,12 +677,14 @@ RULE = TensorCoreRule()
 
 
 def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target,
-                        schedule_class=None) -> tuple[list[s_tir.Schedule], WmmaConfig]:
+                        schedule_class=None, given: bool = True) -> tuple[list[s_tir.Schedule], WmmaConfig]:
     """The PrimFuncs scheduled with cfg, and cfg; where TVM 0.27 cannot schedule or lower cfg's
     register epilogue (1, 2) for this shape (e.g. k2=16 at stride 2: LowerWarpMemory cannot map the
     trimmed output onto the mma layout), scheduled with the staged epilogue (0, same tiles) and that
-    config, with a logged reason. Register-epilogue kernels are therefore lowered once here, where a
-    fallback is still possible (a model build lowers all its kernels together). What a build runs
+    config, with a logged reason: a warning where the config was given (a user's or a tuned record's), at
+    INFO where it is the rule's default (the fallback is then how the default builds: a MobileNetV2 compile
+    printed a TVM check failure per narrow conv). Register-epilogue kernels are therefore lowered once here,
+    where a fallback is still possible (a model build lowers all its kernels together). What a build runs
     and what the tuner measures as the default both come from here."""
     from ..lower import error_line, lowering_error
 
@@ -694,6 +699,6 @@ def buildable_schedules(funcs, spec: FusedConvSpec, cfg: WmmaConfig, target,
         error = error_line(err)
     if error is None:
         return schedules, cfg
-    log.warning("%s: epilogue=%d does not build for this shape in TVM 0.27 (%s); using the staged "
-                "epilogue (epilogue=0) with the same tiles", spec.to_string(), cfg.epilogue, error)
-    return buildable_schedules(funcs, spec, dataclasses.replace(cfg, epilogue=0), target, schedule_class)
+    log.log(logging.WARNING if given else logging.INFO, "%s: epilogue=%d does not build for this shape in TVM 0.27 (%s); "
+            "using the staged epilogue (epilogue=0) with the same tiles", spec.to_string(), cfg.epilogue, error)
+    return buildable_schedules(funcs, spec, dataclasses.replace(cfg, epilogue=0), target, schedule_class, given)
