@@ -8,12 +8,16 @@ PyTorch's own float16 run of the network (OK: at most 1.5x that, or 2e-2).
 --kernels TARGET (e.g. cuda:sm_90) runs nothing: it plans each model for that target in float16, as `tvm-b2b report`
 does, and prints which kernels its convs get (fused pairs, our tensor-core or CUDA-core kernels, TVM's own schedule
 "default") with the reasons of the default ones: what a user without that GPU here can check before compiling.
+--build cuda:sm_XX compiles each model for that GPU in float16, as `tvm-b2b compile` does, and compiles the whole
+model's CUDA with nvcc (sm_90a where it holds wgmma): whether it builds, without the GPU. --batch N (default 1)
+exports each model at batch N, for --kernels and --build.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +60,33 @@ def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str
             f"{torch_note}  {'OK' if error <= bound else 'MISMATCH'}  {time.perf_counter() - start:5.1f} s")
 
 
-def kernels(name: str, size: int, directory: str, dynamo: bool, target_name: str) -> str:
+def build(name: str, size: int, directory: str, dynamo: bool, target_name: str, batch: int) -> str:
+    """One line: the model compiled for `target_name` (float16) and its whole CUDA compiled by nvcc, or what failed."""
+    from tvm_b2b.frontend.model import compile_model
+    from tvm_b2b.frontend.rewrite import pairs_of
+    from tvm_b2b.target import parse_target
+
+    tm.MODELS.setdefault(name, (name, {}))
+    start = time.perf_counter()
+    try:
+        path = tm.export(name, batch, size, directory, dynamo=dynamo)
+        source = os.path.join(directory, f"{name}.cu")
+        pairs = pairs_of(compile_model(path, os.path.join(directory, f"{name}.so"), parse_target(target_name),
+                                       dtype="float16", emit_source=source))
+        compiled = time.perf_counter() - start
+        arch = parse_target(target_name).attrs["arch"]
+        with open(source) as f:
+            arch += "a" if arch == "sm_90" and "wgmma." in f.read() else ""
+        nvcc = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-o", os.devnull, source], capture_output=True, text=True)
+        if nvcc.returncode:
+            raise RuntimeError(f"nvcc -arch={arch}: " + (nvcc.stderr.strip().splitlines() or ["failed"])[0])
+    except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
+        return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+    return (f"{name:28s} {size:4d}  {len(pairs):3d} pairs {sum(p.fused for p in pairs):3d} fused  compiled in {compiled:5.1f} s, "
+            f"nvcc -arch={arch} in {time.perf_counter() - start - compiled:5.1f} s  OK")
+
+
+def kernels(name: str, size: int, directory: str, dynamo: bool, target_name: str, batch: int = 1) -> str:
     """One line: the model's convs by kernel for `target_name` (float16), then each distinct reason for TVM's own
     schedule with how many convs it holds."""
     from collections import Counter
@@ -68,7 +98,7 @@ def kernels(name: str, size: int, directory: str, dynamo: bool, target_name: str
     tm.MODELS.setdefault(name, (name, {}))
     start = time.perf_counter()
     try:
-        path = tm.export(name, 1, size, directory, dynamo=dynamo)
+        path = tm.export(name, batch, size, directory, dynamo=dynamo)
         _, candidates, model = analyze(path, parse_target(target_name), dtype="float16")
     except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
         return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
@@ -97,11 +127,16 @@ def main() -> None:
     parser.add_argument("--dynamo", action="store_true", help="torch's default exporter (torch.export) instead of TorchScript's")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="as for tvm-b2b compile")
     parser.add_argument("--kernels", metavar="TARGET", help="plan only, for TARGET (e.g. cuda:sm_90): each model's kernels")
+    parser.add_argument("--build", metavar="TARGET", help="compile for TARGET (cuda:sm_XX) and nvcc the model's CUDA")
+    parser.add_argument("--batch", type=int, default=1, help="the batch of --kernels and --build (default 1)")
     args = parser.parse_args()
     exporter = "torch.export" if args.dynamo else "TorchScript"
-    if args.kernels:
-        header = f"{args.kernels}, float16, batch 1, {exporter} exporter: the kernels each model's convs get"
-        line = functools.partial(kernels, target_name=args.kernels)
+    if args.build:
+        header = f"{args.build}, float16, batch {args.batch}, {exporter} exporter: compiled, then its CUDA by nvcc"
+        line = functools.partial(build, target_name=args.build, batch=args.batch)
+    elif args.kernels:
+        header = f"{args.kernels}, float16, batch {args.batch}, {exporter} exporter: the kernels each model's convs get"
+        line = functools.partial(kernels, target_name=args.kernels, batch=args.batch)
     else:
         header = f"llvm, {args.dtype}, batch 1, {exporter} exporter, against onnxruntime; error: max |d| / max |onnxruntime|"
         line = functools.partial(check, dtype=args.dtype)
