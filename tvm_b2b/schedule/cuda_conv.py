@@ -152,7 +152,9 @@ def split_factor(spec: ConvSpec, cfg: WmmaConfig) -> int:
     (3 or 9 ways for a 3x3): a slice starting inside a tap's channels makes TVM gather the im2col tile
     element by element instead of with cp.async (H200: 21 us instead of 16 for ResNet-50's 14x14 3x3
     at batch 1). ResNet-50's 7x7 and 14x14 layers at batch 1 (49 or 196 pixels: 16-32 blocks for 132 SMs,
-    each running the whole reduction alone) split 8-9 ways."""
+    each running the whole reduction alone) split 8-9 ways. TVM_B2B_SPLIT_DEEP=W (deep_split_waves; off until
+    measured: `bash bench/gpu_session.sh splitk`) also splits deep reductions of more blocks: DeepLabV3's ASPP 3x3s at
+    batch 1 make 104 blocks of 288 steps each (122-144 us on the H100, bench/results/e2e_h100_s32_breakdown.txt)."""
     ext = extents(spec)
     if kernel_spec(spec).groups > 1:  # (op.conv.split_prim_funcs is dense: a grouped conv's groups are its blocks)
         return 1
