@@ -295,6 +295,17 @@ def test_stem_packs_four_taps_a_step_and_compiles(hopper_on, monkeypatch, tmp_pa
     assert "the mma.sync kernel measured faster" in hopper.RULE.can_implement(spec, target_info(SM90))
 
 
+def test_flat_1x1_of_rows_wider_than_its_tile_compiles(monkeypatch, tmp_path):
+    """MobileNetV3-Large's first 1x1 at batch 1 (112-pixel rows, 64-pixel tiles by default: 196 blocks): the flat form
+    (bm consecutive pixels) has no rows a block, and its build failed on the halo box's bytes, which only the halo form
+    uses (the whole model failed to compile at batch 1: ZeroDivisionError). As a model builds it, default switches."""
+    monkeypatch.delenv(hopper.ENABLE_ENV, raising=False)
+    spec = spec_of("n=1,h=112,w=112,c=16,k=64")
+    planned = plan(spec, SM90)
+    assert planned.config.bm < spec.wo and not planned.config.halo and planned.kernels[0].attrs[hopper.TIRX_ATTR]
+    compiles_for_sm90a(build(spec, "cuda:sm_90", db=None).source(), tmp_path)
+
+
 @pytest.mark.parametrize("case,config", CASES[1:2] + CASES[4:5] + CASES[6:7] + CASES[10:11])
 def test_kernel_has_the_hopper_instructions_and_compiles(hopper_on, tmp_path, case, config):
     """One kernel of 128 * (bm / 64 + 1) threads taking three tensor maps (four with a residual, which TMA reads

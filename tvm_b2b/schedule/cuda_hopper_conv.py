@@ -614,7 +614,7 @@ def kernel_func(spec: ConvSpec, cfg: HopperConfig, second: Second | None, name: 
     stages = min(cfg.stages, n_steps)  # more buffers than steps only cost shared memory (fewer blocks per SM)
     threads = block_threads(cfg)  # the consumer warpgroups, then the producer (warp wgs * 4 on)
     tx_bytes = ((0 if halo else tiling.pixels) + bn) * BK * 2  # what TMA's boxes hold (zeros read outside x included)
-    halo_bytes = tiling.width * (tiling.rows + spec.kh - 1) * BK * 2
+    halo_bytes = tiling.width * (tiling.rows + spec.kh - 1) * BK * 2 if halo else 0  # (a flat 1x1 wider than bm has no rows)
     xs, x_rows = x_buffers(spec, cfg)  # x's buffers (the halo form's: of channel steps, beside the ring of w's)
     r_dim = spec.kh * spec.kw * c
     out = dataclasses.replace(spec, k=k2)  # the output tensor's conv (the second GEMM's when fused)
