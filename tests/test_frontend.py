@@ -20,7 +20,7 @@ import tvm_b2b
 from tvm_b2b import ConvSpec
 from tvm_b2b.cli import main
 from tvm_b2b.frontend.model import analyze, compile_model, conv_names
-from tvm_b2b.frontend.rewrite import pairs_of
+from tvm_b2b.frontend.rewrite import conv_kernels, pairs_of
 from tvm_b2b.frontend.static_shapes import fold_static_shapes
 from tvm_b2b.schedule import cuda_cluster_dw_pair
 from tvm_b2b.target import has_cuda_gpu, parse_target
@@ -237,6 +237,13 @@ def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
             assert not report["fused"] and p.plan is None, report
             assert "its convs run as single convs" in report["reason"]
     assert sum(p.fused for p in pairs) == 3
+    # the report names the split reductions: layer4's 3x3s at batch 1 (16 blocks) split between their 9 taps
+    convs = conv_kernels(conv_names(onnx.load(path)), candidates)
+    split = {c["reason"].split(": ", 1)[1].split(" ")[0]: c["reason"].rsplit("(", 1)[1]
+             for c in convs if "reduction split" in c["reason"]}
+    layer4 = "n=1,h=7,w=7,c=512,k=512,kh=3,kw=3,stride=1,pad_h=1,pad_w=1,act=relu,residual=0,dtype=float16"
+    assert split[layer4].startswith("reduction split 9 ways"), split
+    assert not [s for s in split if s.startswith("n=1,h=56") and "stride=1" in s], split  # 56x56 outputs: blocks enough
 
 
 def classifier_model(path, output_type=True):

@@ -200,6 +200,8 @@ def conv_kernels(conv_names: list[str], candidates: list) -> list[dict]:
                 reason += f" (not on {c.plan.passed_over})"
         if c.config:
             reason += f" [{c.config}]"
+        if c.kind != PAIR and not c.plan.fused and c.plan.mid_dtype == "float32":  # split-K: (slices, m, k) partial sums
+            reason += f" (reduction split {c.plan.mid_shape[0]} ways: float32 partial sums, then a kernel that adds them)"
         kernels.update({name: (kernel, reason) for name in c.convs})
     reasons = {}
     for c in candidates:  # the last kind's reason is the one that decided
