@@ -610,9 +610,40 @@ def test_cuda_intrinsics_import_alone_then_the_whole_package():
         "import tvm.s_tir.tensor_intrin as package\n"
         "assert package.cuda is cuda and package.x86 is sys.modules['tvm.s_tir.tensor_intrin.x86']\n"
         "assert cuda_tensor_intrinsics() is cuda\n"
+        "import inspect\n"
+        "from tvm_b2b.schedule.common import MODULELESS_FILES\n"
+        "assert not set(MODULELESS_FILES) & set(inspect.modulesbyfile)\n"  # what the import set up is gone
     )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-1500:]
+
+
+def test_frames_of_no_module_are_looked_up_without_scanning_every_module(monkeypatch):
+    """inspect.getmodule of a frame whose file no module has (the import machinery's, TVMScript's "<ast>") scans
+    every loaded module and finds none; under moduleless_files_known (what the CUDA intrinsics import under: 7.0 ->
+    1.5 s) it finds none without the scan. A module in sys.modules counts the scans: each reads its __file__."""
+    import inspect
+    import types
+
+    from tvm_b2b.schedule.common import MODULELESS_FILES, moduleless_files_known
+
+    class Counting(types.ModuleType):
+        reads = 0
+
+        @property
+        def __file__(self):
+            Counting.reads += 1
+            return "/nowhere/counting.py"
+
+    monkeypatch.setitem(sys.modules, "counting_module", Counting("counting_module"))
+    frame = inspect.currentframe()
+    for name in MODULELESS_FILES:
+        before = Counting.reads
+        assert inspect.getmodule(frame, name) is None and Counting.reads > before  # the scan
+        with moduleless_files_known():
+            before = Counting.reads
+            assert inspect.getmodule(frame, name) is None and Counting.reads == before  # none
+    assert not set(MODULELESS_FILES) & set(inspect.modulesbyfile)
 
 
 # -- the written kernels (sm_90's TIRx kernels): their configs measured whole (tune.written) ---------------------------

@@ -276,7 +276,7 @@ class WmmaFusedSchedule:
     at random otherwise (MetaSchedule's design space, tvm_b2b.tune)."""
 
     def __init__(self, sch: s_tir.Schedule, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int = 80):
-        intrin = cuda_tensor_intrinsics()  # slow import (~15-40 s): only here
+        intrin = cuda_tensor_intrinsics()  # slow import (1.5 s on 2 cores, 7 s as TVM alone imports it): only here
 
         self.mma = bool(cfg and cfg.mma)
         self.from_registers = bool(cfg and cfg.mma and cfg.epilogue)
@@ -555,7 +555,7 @@ LDMATRIX_INDEX_MAP = "tirx.index_map.shared_16x16_to_ldmatrix_32x8_layout"
 
 def register_ldmatrix_index_map() -> None:
     """CUDA codegen of ldmatrix/mma looks this index map up by name. TVM registers it when
-    tvm.s_tir.tensor_intrin.cuda is imported (15-60 s); a build worker that only compiles already
+    tvm.s_tir.tensor_intrin.cuda is imported (1.5 s: cuda_tensor_intrinsics); a build worker that only compiles already
     scheduled modules registers this copy instead (the same map: element (i, j) of a 16x16 tile ->
     (lane, register); the generated CUDA is identical). Only for processes that never import
     tensor_intrin afterwards: TVM's own registration would then fail as a duplicate."""
