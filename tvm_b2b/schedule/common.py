@@ -63,8 +63,9 @@ def conv_in_registers(sch, conv, thread) -> None:
 
 
 TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
-# the "files" of frames that no module has: the import machinery's (frozen) and the code TVMScript compiles ("<ast>")
-MODULELESS_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", "<ast>")
+# the "files" of frames that no module has: the import machinery's (frozen), the code TVMScript compiles ("<ast>"),
+# a `python -c` script's or exec'd string's
+MODULELESS_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>", "<ast>", "<string>")
 
 
 @contextlib.contextmanager
