@@ -276,7 +276,7 @@ class WmmaFusedSchedule:
     at random otherwise (MetaSchedule's design space, tvm_b2b.tune)."""
 
     def __init__(self, sch: s_tir.Schedule, spec: FusedConvSpec, cfg: WmmaConfig | None, arch: int = 80):
-        intrin = cuda_tensor_intrinsics()  # slow import (1.5 s on 2 cores, 7 s as TVM alone imports it): only here
+        intrin = cuda_tensor_intrinsics()  # slow import (1.5 s on 2 cores; 7 s without moduleless_files_known): only here
 
         self.mma = bool(cfg and cfg.mma)
         self.from_registers = bool(cfg and cfg.mma and cfg.epilogue)
