@@ -246,6 +246,30 @@ def test_cuda_plan_fuses_where_fusing_pays(tmp_path):
     assert not [s for s in split if s.startswith("n=1,h=56") and "stride=1" in s], split  # 56x56 outputs: blocks enough
 
 
+def test_constants_fold_in_numpy_as_fold_constant_would(model_dir, monkeypatch):
+    """The ops of constants that models have many of (a conv bias's reshape, Clip's bound checks, ConvertLayout's
+    weight and bias transposes) are computed with numpy, not compiled by FoldConstant one by one with LLVM: none is
+    left to it, and the normalized module is the one FoldConstant alone makes, constants' values compared."""
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from tvm_b2b.frontend import normalize
+    from tvm_b2b.op.activation import relax_const, relax_op
+
+    def ops_of_constants(mod):
+        calls = [b.value for block in mod["main"].body.blocks for b in block.bindings]
+        return sorted(relax_op(c) for c in calls if relax_op(c) in normalize.NUMPY_FOLDED_OPS
+                      and all(relax_const(a) is not None or isinstance(a, tvm.relax.ShapeExpr) for a in c.args))
+
+    model = normalize.load_onnx(str(model_dir / "relu6.onnx"))
+    imported = from_onnx(model, keep_params_in_input=False)
+    assert ops_of_constants(imported) == ["relax.isnan"] * 4 + ["relax.reshape"] * 2  # then where(isnan, ., .): 4 more
+    assert ops_of_constants(normalize._constants_folded_in_numpy(imported)) == []
+    folded = normalize.import_model(model)
+    monkeypatch.setattr(normalize, "_constants_folded_in_numpy", lambda mod: mod)
+    tvm.ir.assert_structural_equal(folded, normalize.import_model(model), map_free_vars=True)
+
+
 def classifier_model(path, output_type=True):
     """x (1, 3, 8, 8) -> Conv -> GlobalAveragePool -> Flatten -> y (1, 10): one vector of scores.
     output_type=False leaves y without type and shape, as some exporters write outputs."""
