@@ -137,20 +137,21 @@ class _ConstantsFoldedInNumpy(relax.PyExprMutator):
         return relax.const(result.reshape([int(d) for d in shape.values]), str(ty.dtype))
 
 
-def _constants_folded_in_numpy(mod):
-    folder = _ConstantsFoldedInNumpy(mod)
+def _each_function_through(mutator_type, mod):
+    """mod with each of its Relax functions rewritten by a mutator_type(mod)."""
+    mutator = mutator_type(mod)
     for gv, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            mod[gv] = folder.visit_expr(func)
+            mod[gv] = mutator.visit_expr(func)
     return mod
+
+
+def _constants_folded_in_numpy(mod):
+    return _each_function_through(_ConstantsFoldedInNumpy, mod)
 
 
 def _min_max_from_tir(mod):
-    rewriter = _MinMaxFromTir(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            mod[gv] = rewriter.visit_expr(func)
-    return mod
+    return _each_function_through(_MinMaxFromTir, mod)
 
 
 def import_model(model) -> tvm.IRModule:
