@@ -35,6 +35,11 @@ SWEEP = ["resnet18", "resnet34", "resnet_bn", "resnext50_32x4d", "wide_resnet50_
          "lraspp_mobilenet_v3_large:128", "deeplabv3_mobilenet_v3_large:128", "fcn_resnet50"]
 
 
+def failed_line(name: str, size: int, err: Exception) -> str:
+    """A model's one line when anything about it failed: the error's type and first line."""
+    return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+
+
 def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str:
     import tvm_b2b
     from tvm_b2b.frontend.model import compile_model
@@ -55,7 +60,7 @@ def check(name: str, size: int, directory: str, dynamo: bool, dtype: str) -> str
             torch_error = _torch_float16_error(name, size, x, want)
             bound, torch_note = max(2e-2, 1.5 * torch_error), f" (torch float16 {torch_error:.1e})"
     except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
-        return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+        return failed_line(name, size, err)
     return (f"{name:28s} {size:4d}  {len(pairs):3d} pairs {sum(p.fused for p in pairs):3d} fused  error {error:.1e}"
             f"{torch_note}  {'OK' if error <= bound else 'MISMATCH'}  {time.perf_counter() - start:5.1f} s")
 
@@ -81,7 +86,7 @@ def build(name: str, size: int, directory: str, dynamo: bool, target_name: str, 
         if nvcc.returncode:
             raise RuntimeError(f"nvcc -arch={arch}: " + (nvcc.stderr.strip().splitlines() or ["failed"])[0])
     except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
-        return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+        return failed_line(name, size, err)
     return (f"{name:28s} {size:4d}  {len(pairs):3d} pairs {sum(p.fused for p in pairs):3d} fused  compiled in {compiled:5.1f} s, "
             f"nvcc -arch={arch} in {time.perf_counter() - start - compiled:5.1f} s  OK")
 
@@ -101,7 +106,7 @@ def kernels(name: str, size: int, directory: str, dynamo: bool, target_name: str
         path = tm.export(name, batch, size, directory, dynamo=dynamo)
         _, candidates, model = analyze(path, parse_target(target_name), dtype="float16")
     except Exception as err:  # noqa: BLE001 - one line per model, whatever failed
-        return f"{name:28s} {size:4d}  FAILED: {type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+        return failed_line(name, size, err)
     convs = conv_kernels(conv_names(model), candidates)
     counts = Counter(c["kernel"] for c in convs)
     pairs = pairs_of(candidates)

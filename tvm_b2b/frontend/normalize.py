@@ -126,10 +126,11 @@ class _ConstantsFoldedInNumpy(relax.PyExprMutator):
     def visit_call_(self, call):
         ty = getattr(call, "ty", None)  # the op's output, as Relax inferred it
         call = super().visit_call_(call)
-        compute = NUMPY_FOLDED_OPS.get(getattr(call.op, "name", None))
+        compute, shape = NUMPY_FOLDED_OPS.get(getattr(call.op, "name", None)), getattr(ty, "shape", None)
+        if compute is None or not isinstance(shape, relax.ShapeExpr):  # (before reading constants: a conv's weights)
+            return call
         values = [relax_const(a) for a in call.args if not isinstance(a, relax.ShapeExpr)]
-        shape = getattr(ty, "shape", None)
-        if compute is None or any(v is None for v in values) or not isinstance(shape, relax.ShapeExpr):
+        if any(v is None for v in values):
             return call
         if not all(isinstance(d, tvm.tirx.IntImm) for d in shape.values):
             return call
